@@ -1,0 +1,3 @@
+from graphify.cli import main
+
+main()

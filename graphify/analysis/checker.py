@@ -1,0 +1,254 @@
+"""What a rule sees of one loop, and the helpers rules share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterator
+
+import libcst as cst
+
+from graphify.analysis.discovery import (
+    Loop, Site, is_model_call, is_optimizer_step, is_step_op, iter_nodes, method_call, unwrap_iterable,
+)
+from graphify.analysis.names import dotted
+from graphify.analysis.program import ModuleInfo
+from graphify.analysis.values import ADAM_FAMILY, OPTIMIZER, SCALER, Env, is_torch_tensor_call
+from graphify.model import Rule
+
+_EMPTY_MODULE = cst.Module([])
+
+
+def code_of(node: cst.CSTNode, limit: int = 60) -> str:
+    text = " ".join(_EMPTY_MODULE.code_for_node(node).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass
+class Finding:
+    rule: Rule
+    node: cst.CSTNode
+    module: ModuleInfo
+    message: str
+    fix: str
+    removable: bool | None = None  # None: as the rule says
+
+
+LOGGING_METHODS = {
+    "debug", "info", "warning", "warn", "error", "critical", "exception", "log", "add_scalar", "add_scalars",
+    "add_histogram", "add_image", "add_text", "log_metrics", "log_metric", "set_postfix", "set_postfix_str",
+    "set_description", "set_description_str", "write",
+}
+LOGGER_NAME_HINTS = ("log", "writer", "wandb", "mlflow", "tb", "summary", "pbar", "bar", "progress", "tqdm", "run", "experiment", "accelerator", "console", "self")
+
+
+def is_logging_call(call: cst.Call, env: Env) -> bool:
+    func = call.func
+    if isinstance(func, cst.Name):
+        return func.value == "print"
+    qual = env.qualify(func) or ""
+    if qual.startswith(("logging.", "wandb.", "mlflow.", "tqdm.write", "tqdm.tqdm.write", "sys.stdout.write", "sys.stderr.write")):
+        return True
+    m = method_call(call)
+    if m is None:
+        return False
+    receiver, name = m
+    if name == "print":
+        return True
+    if name not in LOGGING_METHODS:
+        return False
+    recv = (dotted(receiver) or "").lower()
+    if name == "log" and recv == "self":
+        return True  # LightningModule.log
+    if name in ("write",) and not any(h in recv for h in ("pbar", "bar", "tqdm", "stdout", "stderr")):
+        return False
+    return any(h in recv.rsplit(".", 1)[-1] or h in recv for h in LOGGER_NAME_HINTS)
+
+
+def kwarg(call: cst.Call, name: str) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg.value
+    return None
+
+
+def is_true(expr: cst.BaseExpression | None) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "True"
+
+
+class Checker:
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self.region = loop.region
+
+    def nodes(self) -> Iterator[tuple[cst.CSTNode, Site]]:
+        return iter(self.region.nodes)
+
+    def calls(self) -> Iterator[tuple[cst.Call, Site]]:
+        return ((n, s) for n, s in self.region.nodes if isinstance(n, cst.Call))
+
+    @property
+    def body_env(self) -> Env:
+        return self.region.body_block.env
+
+    def finding(self, rule: Rule, node: cst.CSTNode, site: Site, message: str, fix: str, removable: bool | None = None) -> Finding:
+        return Finding(rule, node, site.block.module, message, fix, removable)
+
+    def finding_at(self, rule: Rule, node: cst.CSTNode, module: ModuleInfo, message: str, fix: str, removable: bool | None = None) -> Finding:
+        return Finding(rule, node, module, message, fix, removable)
+
+    @cached_property
+    def _order(self) -> dict[int, int]:
+        return {id(n): i for i, (n, _) in enumerate(self.region.nodes)}
+
+    def position(self, node: cst.CSTNode) -> int:
+        return self._order.get(id(node), -1)
+
+    @cached_property
+    def step_positions(self) -> list[int]:
+        return [i for i, (n, s) in enumerate(self.region.nodes) if is_step_op(n, s.env)]
+
+    @cached_property
+    def first_gpu_position(self) -> int:
+        for i, (n, s) in enumerate(self.region.nodes):
+            if isinstance(n, cst.Call) and (is_step_op(n, s.env) or is_model_call(n, s.env)):
+                return i
+        return len(self.region.nodes)
+
+    # ---- host reads -----------------------------------------------------------------------
+
+    def statement_of(self, site: Site) -> cst.CSTNode | None:
+        for a in reversed(site.ancestors):
+            if isinstance(a, (cst.SimpleStatementLine, cst.If, cst.While, cst.Assert)):
+                return a
+        return None
+
+    def host_read_removable(self, node: cst.CSTNode, site: Site) -> bool:
+        """A host read can move after the replay unless later GPU work of the step depends on it."""
+        stmt = self.statement_of(site)
+        if isinstance(stmt, (cst.If, cst.While)) and self._within(node, stmt.test):
+            body_nodes = list(iter_nodes(stmt.body))
+            if any(isinstance(n, cst.Call) and (is_step_op(n, site.env) or is_model_call(n, site.env)) for n in body_nodes):
+                return False
+            leaves = any(isinstance(n, (cst.Continue, cst.Return)) for n in body_nodes)
+            return not (leaves and any(p > self.position(node) for p in self.step_positions))
+        if isinstance(stmt, cst.SimpleStatementLine):
+            names = set()
+            for small in stmt.body:
+                if isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+                    targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+                    for t in targets:
+                        names.update(n.value for n in iter_nodes(t) if isinstance(n, cst.Name))
+            if names:
+                start = self.position(node)
+                for n, s in self.region.nodes[start + 1:]:
+                    if isinstance(n, cst.Name) and n.value in names and s.block is site.block and self._gpu_use(n, s):
+                        return False
+        return True
+
+    @staticmethod
+    def _within(node: cst.CSTNode, root: cst.CSTNode) -> bool:
+        return any(n is node for n in iter_nodes(root))
+
+    def _gpu_use(self, name: cst.Name, site: Site) -> bool:
+        env = site.env
+        for a in reversed(site.ancestors):
+            if isinstance(a, (cst.SimpleStatementLine, cst.If, cst.While)):
+                return False
+            if isinstance(a, cst.Call):
+                if is_model_call(a, env) or is_step_op(a, env) or is_torch_tensor_call(env.qualify(a.func)):
+                    return True
+                m = method_call(a)
+                if m is not None and env.is_tensor(m[0]):
+                    return True
+            if isinstance(a, cst.BinaryOperation) and (env.is_tensor(a.left) or env.is_tensor(a.right)):
+                return True
+        return False
+
+    # ---- objects ----------------------------------------------------------------------------
+
+    def construction(self, expr: cst.BaseExpression, env: Env, depth: int = 0) -> tuple[cst.Call, ModuleInfo] | None:
+        """The call that built the object `expr` holds: a name's assignment, a bound parameter's argument."""
+        if depth > 6:
+            return None
+        while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("to", "cuda"):
+            expr = expr.func.value
+        if isinstance(expr, cst.Call):
+            return expr, env.module
+        name = dotted(expr)
+        if name is None:
+            return None
+        if name in env.bound:
+            caller, arg = env.bound[name]
+            return self.construction(arg, caller, depth + 1)
+        for value in reversed(env.values_of(name)):
+            found = self.construction(value, env, depth + 1)
+            if found is not None:
+                return found
+        return None
+
+    @cached_property
+    def stepped_optimizers(self) -> list[tuple[cst.BaseExpression, Site]]:
+        found = []
+        for call, site in self.calls():
+            if is_optimizer_step(call, site.env):
+                receiver, _ = method_call(call)
+                if site.env.kind_of(receiver) == SCALER:
+                    if call.args:
+                        found.append((call.args[0].value, site))
+                else:
+                    found.append((receiver, site))
+        return found
+
+    def optimizer_class(self, expr: cst.BaseExpression, env: Env) -> tuple[str, cst.Call, ModuleInfo] | None:
+        built = self.construction(expr, env)
+        if built is None:
+            return None
+        call, module = built
+        qual = module.aliases.qualify(call.func) or ""
+        return qual.rsplit(".", 1)[-1], call, module
+
+    def optimizers_take_tensor_lr(self) -> bool:
+        """Whether every stepped optimizer can read a device-tensor learning rate inside a graph."""
+        for expr, site in self.stepped_optimizers:
+            found = self.optimizer_class(expr, site.env)
+            if found is None:
+                continue
+            name, call, _ = found
+            fused = is_true(kwarg(call, "fused"))
+            if name not in ADAM_FAMILY and not (fused and name in ("SGD", "Adagrad", "Adam", "AdamW")):
+                return False
+        return True
+
+    def loop_iterables(self) -> list[tuple[cst.BaseExpression, Env]]:
+        """What the loop draws batches from: its iterable, and iterators advanced with next() in the step."""
+        env = self.body_env
+        found = []
+        if isinstance(self.loop.node, cst.For):
+            it = unwrap_iterable(self.loop.node.iter, env)
+            if isinstance(it, cst.Call) and (env.qualify(it.func) or "") in ("enumerate", "zip") and it.args:
+                found.extend((unwrap_iterable(a.value, env), env) for a in it.args)
+            else:
+                found.append((it, env))
+        for call, site in self.calls():
+            if isinstance(call.func, cst.Name) and call.func.value == "next" and call.args:
+                found.append((call.args[0].value, site.env))
+        return found
+
+
+def is_device_arg(expr: cst.BaseExpression, env: Env) -> bool:
+    if isinstance(expr, cst.SimpleString):
+        return "cuda" in expr.value or "mps" in expr.value or "xpu" in expr.value
+    if isinstance(expr, cst.Call):
+        return (env.qualify(expr.func) or "").endswith("device")
+    name = (dotted(expr) or "").lower()
+    last = name.rsplit(".", 1)[-1]
+    return "device" in last or last in ("dev", "rank", "local_rank", "gpu", "gpu_id")
+
+
+def is_cpu_arg(expr: cst.BaseExpression, env: Env) -> bool:
+    if isinstance(expr, cst.SimpleString):
+        return expr.value.strip("'\"") == "cpu"
+    if isinstance(expr, cst.Call) and (env.qualify(expr.func) or "").endswith("device") and expr.args:
+        return is_cpu_arg(expr.args[0].value, env)
+    return False

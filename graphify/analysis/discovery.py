@@ -1,0 +1,426 @@
+"""Loop discovery: which loops train or infer, and what runs in one of their iterations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import libcst as cst
+
+from graphify.analysis.names import dotted
+from graphify.analysis.program import FunctionInfo, ModuleInfo
+from graphify.analysis.values import (
+    DDP, ENV, LOADER, LOSS, MODEL, OPTIMIZER, SCALER, SCHEDULER, Env,
+)
+
+MAX_CALL_DEPTH = 4
+NO_GRAD = ("no_grad", "inference_mode")
+LOOPS = (cst.For, cst.While)
+_SKIP = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+@dataclass
+class Block:
+    """Statements run by one iteration: the loop body, or the body of a function it calls."""
+
+    func: FunctionInfo
+    env: Env
+    stmts: list[cst.CSTNode]
+    call: cst.Call | None = None  # the call that entered this function; None for the loop body
+
+    @property
+    def module(self) -> ModuleInfo:
+        return self.func.module
+
+
+@dataclass
+class Site:
+    block: Block
+    ancestors: tuple[cst.CSTNode, ...]  # from the block's statements down to the node's parent
+
+    @property
+    def env(self) -> Env:
+        return self.block.env
+
+
+@dataclass
+class Region:
+    loop: cst.For | cst.While
+    func: FunctionInfo
+    nodes: list[tuple[cst.CSTNode, Site]] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
+
+    @property
+    def body_block(self) -> Block:
+        return self.blocks[0]
+
+
+@dataclass
+class Loop:
+    node: cst.For | cst.While
+    func: FunctionInfo
+    kind: str  # "train" | "inference"
+    region: Region
+
+    @property
+    def module(self) -> ModuleInfo:
+        return self.func.module
+
+
+# ---- call classification ---------------------------------------------------------------------
+
+
+def method_call(node: cst.CSTNode) -> tuple[cst.BaseExpression, str] | None:
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        return node.func.value, node.func.attr.value
+    return None
+
+
+def is_backward(call: cst.Call, env: Env) -> bool:
+    m = method_call(call)
+    if m is not None and m[1] in ("backward", "manual_backward"):
+        return env.kind_of(m[0]) != ENV
+    return env.qualify(call.func) == "torch.autograd.backward"
+
+
+def is_optimizer_step(call: cst.Call, env: Env) -> bool:
+    m = method_call(call)
+    if m is None or m[1] != "step":
+        return False
+    kind = env.kind_of(m[0])
+    return kind == OPTIMIZER or (kind == SCALER and bool(call.args))
+
+
+def is_model_call(call: cst.Call, env: Env) -> bool:
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("forward", "generate"):
+        return env.kind_of(call.func.value) in (MODEL, DDP)
+    return env.kind_of(call.func) in (MODEL, DDP)
+
+
+def is_no_grad_item(expr: cst.BaseExpression, env: Env) -> bool:
+    func = expr.func if isinstance(expr, cst.Call) else expr
+    qual = env.qualify(func) or ""
+    if qual.endswith(NO_GRAD):
+        return True
+    if qual.endswith("set_grad_enabled") and isinstance(expr, cst.Call) and expr.args:
+        return dotted(expr.args[0].value) == "False"
+    return False
+
+
+def is_step_op(node: cst.CSTNode, env: Env) -> bool:
+    return isinstance(node, cst.Call) and (is_backward(node, env) or is_optimizer_step(node, env))
+
+
+def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    return node.children
+
+
+# ---- analysis of one module --------------------------------------------------------------------
+
+
+class ModuleAnalysis:
+    def __init__(self, module: ModuleInfo) -> None:
+        self.module = module
+
+    # Loop sites with their enclosing function/class and ancestors.
+    def loop_sites(self) -> Iterator[tuple[cst.For | cst.While, FunctionInfo, tuple[cst.CSTNode, ...]]]:
+        def visit(node, func_node, cls, ancestors):
+            for child in _children(node):
+                if isinstance(child, cst.FunctionDef):
+                    yield from visit(child, child, cls, ancestors + (child,))
+                elif isinstance(child, cst.ClassDef):
+                    yield from visit(child, None, child, ancestors + (child,))
+                else:
+                    if isinstance(child, LOOPS):
+                        yield child, self.module.function_info(func_node, cls if func_node is not None else None), ancestors
+                    yield from visit(child, func_node, cls, ancestors + (child,))
+
+        yield from visit(self.module.tree, None, None, ())
+
+    def loops(self) -> list[Loop]:
+        sites = list(self.loop_sites())
+        found: list[Loop] = []
+        absorbed: set[int] = set()
+        for node, func, ancestors in sites:
+            if id(node) in absorbed:
+                continue
+            env = self._loop_env(node, func)
+            body = Block(func, env, [node])
+            direct_steps, direct_models = self._direct_work(body, node)
+            if direct_steps:
+                region = self._region(body, node, include_nested=self._is_separate_eval_loop)
+                for n, _ in region.nodes:
+                    if isinstance(n, LOOPS) and n is not node:
+                        absorbed.add(id(n))
+                found.append(Loop(node, func, "train", region))
+            elif direct_models and not self._has_step_anywhere(body, node) and self._under_no_grad(node, func, ancestors, env):
+                region = self._region(body, node, include_nested=lambda n, b, a: not self._calls_model(n, b))
+                found.append(Loop(node, func, "inference", region))
+        return found
+
+    # ---- environments -----------------------------------------------------------------------
+
+    def _loop_env(self, node: cst.For | cst.While, func: FunctionInfo) -> Env:
+        env = func.new_env()
+        env.resolver = self.module.program
+        env.module = self.module
+        env.func = func
+        seeds: dict[str, bool] = {}
+        if isinstance(node, cst.For):
+            seed_loop_target(node.target, node.iter, env, seeds)
+        stmts = [func.node] if func.node is not None else list(self.module.tree.body)
+        env.infer(seeds, stmts)
+        return env
+
+    def callee(self, call: cst.Call, env: Env) -> tuple[FunctionInfo, bool] | None:
+        """The analysed function a call runs, and whether it is a bound method (first parameter is self)."""
+        module = env.module
+        func = call.func
+        if isinstance(func, cst.Name):
+            name = func.value
+            if name in module.functions:
+                return module.function_info(module.functions[name], None), False
+            if name in module.classes:
+                return None
+            imported = module.imported_module(name)
+            if imported is not None:
+                other, real = imported
+                if real in other.functions:
+                    return other.function_info(other.functions[real], None), False
+            cls = self._local_class_of(func, env)
+            if cls is not None:
+                fwd = module.method(cls, "forward")
+                return (module.function_info(fwd, cls), True) if fwd is not None else None
+            return None
+        if isinstance(func, cst.Attribute):
+            owner = func.value
+            if isinstance(owner, cst.Name) and owner.value == "self" and env.func.cls is not None:
+                method = module.method(env.func.cls, func.attr.value)
+                if method is not None:
+                    return module.function_info(method, env.func.cls), True
+                return None
+            cls = self._local_class_of(owner, env)
+            if cls is not None:
+                method = module.method(cls, func.attr.value)
+                if method is not None:
+                    return module.function_info(method, cls), True
+            cls = self._local_class_of(func, env)  # self.model(x) where self.model = LocalNet()
+            if cls is not None:
+                fwd = module.method(cls, "forward")
+                if fwd is not None:
+                    return module.function_info(fwd, cls), True
+        return None
+
+    def _local_class_of(self, expr: cst.BaseExpression, env: Env) -> cst.ClassDef | None:
+        name = dotted(expr)
+        if name is None:
+            return None
+        for value in env.values_of(name):
+            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda", "train"):
+                value = value.func.value
+            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in env.module.classes:
+                return env.module.classes[value.func.value]
+        return None
+
+    def _callee_block(self, call: cst.Call, caller: Block) -> Block | None:
+        resolved = self.callee(call, caller.env)
+        if resolved is None:
+            return None
+        info, bound = resolved
+        env = info.new_env()
+        env.resolver = info.module.program
+        env.module = info.module
+        env.func = info
+        seeds: dict[str, bool] = {}
+        params = info.params[1:] if bound else info.params
+        for i, arg in enumerate(call.args):
+            if arg.star:
+                continue
+            name = arg.keyword.value if arg.keyword is not None else (params[i] if i < len(params) else None)
+            if name is None:
+                continue
+            env.bound[name] = (caller.env, arg.value)
+            verdict = caller.env._tensor(arg.value, 0)
+            if verdict is not None:
+                seeds[name] = verdict
+        env.infer(seeds, [info.node])
+        return Block(info, env, list(info.node.body.body), call)
+
+    # ---- walking ----------------------------------------------------------------------------
+
+    def _walk(self, block: Block, root: cst.CSTNode, skip_nested, follow: bool, visited: set[int], depth: int = 0):
+        """Yield (node, Site) for everything one iteration runs, following calls into analysed functions."""
+        stack: list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] = [(root, ())]
+        pending: list[Block] = []
+        while stack:
+            node, ancestors = stack.pop()
+            if isinstance(node, _SKIP) and ancestors:
+                continue
+            if isinstance(node, LOOPS) and node is not root and skip_nested(node, block, ancestors):
+                continue
+            if node is not root or block.call is not None:
+                yield node, Site(block, ancestors)
+            if follow and isinstance(node, cst.Call) and depth < MAX_CALL_DEPTH and not self._in_periodic_branch(ancestors, block):
+                callee = self._callee_block(node, block)
+                if callee is not None and id(callee.func.node) not in visited:
+                    visited.add(id(callee.func.node))
+                    pending.append(callee)
+            child_ancestors = ancestors + (node,)
+            kids = _children(node)
+            if isinstance(node, cst.For) and node is root:
+                kids = [node.body]  # the iterable is evaluated once, before the loop
+            stack.extend((k, child_ancestors) for k in reversed(kids))
+        for callee in pending:
+            for stmt in callee.stmts:
+                yield from self._walk(callee, stmt, skip_nested, follow, visited, depth + 1)
+
+    def _direct_work(self, block: Block, loop: cst.CSTNode) -> tuple[bool, bool]:
+        steps = models = False
+        for node, site in self._walk(block, loop, lambda *a: True, True, {id(block.func.node)}):
+            if isinstance(node, cst.Call):
+                steps = steps or is_step_op(node, site.env)
+                models = models or is_model_call(node, site.env)
+        return steps, models
+
+    def _has_step_anywhere(self, block: Block, loop: cst.CSTNode) -> bool:
+        return any(
+            is_step_op(n, s.env) for n, s in self._walk(block, loop, lambda *a: False, True, {id(block.func.node)})
+        )
+
+    def _calls_model(self, loop: cst.CSTNode, block: Block) -> bool:
+        sub = Block(block.func, block.env, [loop], block.call)
+        return any(isinstance(n, cst.Call) and is_model_call(n, s.env) for n, s in self._walk(sub, loop, lambda *a: True, False, set()))
+
+    def _is_separate_eval_loop(self, nested: cst.CSTNode, block: Block, ancestors) -> bool:
+        """Skip a nested loop that is an evaluation loop of its own (it is reported separately)."""
+        sub = Block(block.func, block.env, [nested], block.call)
+        if self._has_step_anywhere(sub, nested):
+            return False
+        if not self._calls_model(nested, block):
+            return False
+        return self._under_no_grad(nested, block.func, ancestors, block.env)
+
+    def _region(self, body: Block, loop, include_nested) -> Region:
+        region = Region(loop, body.func, blocks=[body])
+        visited = {id(body.func.node)}
+        for node, site in self._walk(body, loop, include_nested, True, visited):
+            region.nodes.append((node, site))
+            if site.block not in region.blocks:
+                region.blocks.append(site.block)
+        return region
+
+    def _under_no_grad(self, node, func: FunctionInfo, ancestors, env: Env) -> bool:
+        for a in ancestors:
+            if isinstance(a, cst.With) and any(is_no_grad_item(i.item, env) for i in a.items):
+                return True
+        if func.node is not None and any(is_no_grad_item(d.decorator, env) for d in func.node.decorators):
+            return True
+        # `with torch.no_grad():` inside the loop body
+        for n, _ in self._walk(Block(func, env, [node]), node, lambda *a: True, False, set()):
+            if isinstance(n, cst.With) and any(is_no_grad_item(i.item, env) for i in n.items):
+                return True
+        return False
+
+    def _in_periodic_branch(self, ancestors, block: Block) -> bool:
+        """Calls under a host-side `if` that does evaluation-like work are not followed: that work runs
+        eagerly between replays (GFY502) and is analysed as its own loop."""
+        for a in ancestors:
+            if isinstance(a, cst.If) and is_periodic_gpu_branch(a, block.env):
+                return True
+        return False
+
+
+def is_periodic_gpu_branch(node: cst.If, env: Env) -> bool:
+    if env._tensor(node.test, 0) is True:
+        return False
+    for sub in _iter_nodes(node.body):
+        if isinstance(sub, cst.Call):
+            if is_step_op(sub, env):
+                return False
+    for sub in _iter_nodes(node.body):
+        if isinstance(sub, cst.With) and any(is_no_grad_item(i.item, env) for i in sub.items):
+            return True
+        m = method_call(sub)
+        if m is not None and m[1] == "eval" and env.kind_of(m[0]) in (MODEL, DDP):
+            return True
+        if isinstance(sub, cst.Call) and isinstance(sub.func, cst.Name) and sub.func.value.startswith(("eval", "valid", "test", "estimate", "sample", "generate")):
+            return True
+    return False
+
+
+def _iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        if not isinstance(n, _SKIP):
+            stack.extend(n.children)
+
+
+def iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    return _iter_nodes(node)
+
+
+def unwrap_iterable(expr: cst.BaseExpression, env: Env) -> cst.BaseExpression:
+    """`tqdm(loader, ...)`, `iter(loader)`, `islice(loader, n)` -> `loader`."""
+    while isinstance(expr, cst.Call) and expr.args:
+        name = (env.qualify(expr.func) or "").rsplit(".", 1)[-1]
+        if name in ("tqdm", "iter", "islice", "trange_", "track", "progress", "prefetch"):
+            expr = expr.args[0].value
+        else:
+            break
+    return expr
+
+
+def seed_loop_target(target: cst.BaseExpression, it: cst.BaseExpression, env: Env, seeds: dict[str, bool]) -> None:
+    it = unwrap_iterable(it, env)
+    name = dotted(target)
+    if isinstance(it, cst.Call):
+        fname = (env.qualify(it.func) or "").rsplit(".", 1)[-1]
+        if fname in ("range", "trange"):
+            if name:
+                seeds[name] = False
+            return
+        if fname == "enumerate" and it.args and isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2:
+            first = dotted(target.elements[0].value)
+            if first:
+                seeds[first] = False
+            seed_loop_target(target.elements[1].value, it.args[0].value, env, seeds)
+            return
+        if fname == "zip" and isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == len(it.args):
+            for el, arg in zip(target.elements, it.args):
+                seed_loop_target(el.value, arg.value, env, seeds)
+            return
+        if fname in ("items", "keys", "values", "named_parameters", "named_modules", "named_children", "modules", "children", "param_groups"):
+            for n in _target_leaves(target):
+                seeds.setdefault(n, False)
+            return
+        if fname in ("parameters", "buffers"):
+            for n in _target_leaves(target):
+                seeds[n] = True
+            return
+    if isinstance(it, (cst.List, cst.Tuple, cst.Set)) or dotted(it) in ("self.param_groups",) or (
+        isinstance(it, cst.Attribute) and it.attr.value == "param_groups"
+    ):
+        for n in _target_leaves(target):
+            seeds.setdefault(n, False)
+        return
+    iterable = dotted(it)
+    kind = env.kind_of(it) if iterable else None
+    if kind in (LOADER, None) and env._tensor(it, 0) is not False:
+        for n in _target_leaves(target):
+            seeds[n] = True
+
+
+def _target_leaves(target: cst.BaseExpression) -> list[str]:
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for el in target.elements for n in _target_leaves(el.value)]
+    name = dotted(target)
+    return [name] if name else []
+
+
+__all__ = [
+    "Block", "Site", "Region", "Loop", "ModuleAnalysis", "is_backward", "is_optimizer_step", "is_model_call",
+    "is_no_grad_item", "is_step_op", "method_call", "is_periodic_gpu_branch", "iter_nodes",
+    "LOADER", "LOSS", "MODEL", "OPTIMIZER", "SCALER", "SCHEDULER", "DDP",
+]

@@ -1,0 +1,113 @@
+"""One analysis, shared by `check` and `rewrite`: parse, find loops, run the rules, decide verdicts."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from graphify.analysis.checker import Checker, Finding
+from graphify.analysis.discovery import Loop, ModuleAnalysis
+from graphify.analysis.program import ModuleInfo, Program
+from graphify.model import Diagnostic, FileError, LoopReport, Report, Verdict
+
+# Files that cannot hold a training or inference loop are not parsed at all.
+_PREFILTER = re.compile(r"\.backward\s*\(|\.step\s*\(|no_grad|inference_mode|autograd\.backward")
+
+
+@dataclass
+class LoopAnalysis:
+    loop: Loop
+    findings: list[Finding] = field(default_factory=list)  # after settings and suppressions
+    verdict: Verdict = Verdict.CAPTURABLE
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ModuleResult:
+    module: ModuleInfo | None
+    loops: list[LoopAnalysis]
+    report: Report
+
+
+def might_hold_loops(source: str) -> bool:
+    return _PREFILTER.search(source) is not None
+
+
+def analyze_module(source: str, path: str, settings, program: Program | None = None) -> ModuleResult:
+    from graphify.rules import families
+    from graphify.suppressions import parse_suppressions
+
+    report = Report(files_checked=1)
+    if not might_hold_loops(source):
+        return ModuleResult(None, [], report)
+    try:
+        tree = cst.parse_module(source)
+    except cst.ParserSyntaxError as e:
+        report.errors.append(FileError(path, f"syntax error at line {e.raw_line}, column {e.raw_column + 1}: {e.message}"))
+        return ModuleResult(None, [], report)
+    program = program or Program()
+    module = program.add(path, source, tree)
+    suppressions: dict[str, object] = {}
+    results = []
+    for loop in ModuleAnalysis(module).loops():
+        checker = Checker(loop)
+        analysis = LoopAnalysis(loop)
+        seen = set()
+        for family in families():
+            for finding in family.check(checker):
+                key = (id(finding.node), finding.rule.code)
+                if key in seen or not settings.enabled(finding.rule, finding.module.path):
+                    continue
+                seen.add(key)
+                sup = suppressions.get(finding.module.path)
+                if sup is None:
+                    sup = suppressions[finding.module.path] = parse_suppressions(finding.module.source)
+                start = finding.module.position(finding.node).start.line
+                if sup.suppressed(finding.rule.code, start):
+                    continue
+                analysis.findings.append(finding)
+        _decide(analysis)
+        results.append(analysis)
+        _report_loop(analysis, path, report)
+    return ModuleResult(module, results, report)
+
+
+def removable(finding: Finding) -> bool:
+    return finding.rule.rewritable and finding.removable is not False
+
+
+def _decide(analysis: LoopAnalysis) -> None:
+    blocking = sorted({f.rule.code for f in analysis.findings if not removable(f)})
+    if blocking:
+        analysis.verdict, analysis.reasons = Verdict.NOT_CAPTURABLE, blocking
+    elif analysis.findings:
+        analysis.verdict = Verdict.AFTER_REWRITE
+    else:
+        analysis.verdict = Verdict.CAPTURABLE
+
+
+def _report_loop(analysis: LoopAnalysis, path: str, report: Report) -> None:
+    loop = analysis.loop
+    pos = loop.module.position(loop.node)
+    for f in analysis.findings:
+        where = f.module.position(f.node)
+        report.diagnostics.append(Diagnostic(
+            path=path if f.module is loop.module else f.module.path,
+            line=where.start.line, column=where.start.column + 1,
+            end_line=where.end.line, end_column=where.end.column + 1,
+            rule=f.rule, message=f.message, fix=f.fix,
+            loop_path=path, loop_line=pos.start.line, removable_by_rewrite=removable(f),
+        ))
+    report.loops.append(LoopReport(
+        path=path, line=pos.start.line, end_line=pos.end.line, kind=loop.kind,
+        function=loop.func.qualname, verdict=analysis.verdict, reasons=analysis.reasons,
+    ))
+
+
+def analyze_source(source: str, path: str, settings) -> Report:
+    """Analyse one file's text; never raises for bad input (syntax errors come back in `errors`)."""
+    result = analyze_module(source, path, settings)
+    result.report.diagnostics.sort(key=Diagnostic.sort_key)
+    return result.report

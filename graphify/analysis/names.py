@@ -1,0 +1,71 @@
+"""Import aliases and dotted names: `F.relu` -> `torch.nn.functional.relu`."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+
+def dotted(expr: cst.BaseExpression) -> str | None:
+    """`a.b.c` for a Name/Attribute chain, else None."""
+    parts: list[str] = []
+    while isinstance(expr, cst.Attribute):
+        parts.append(expr.attr.value)
+        expr = expr.value
+    if isinstance(expr, cst.Name):
+        parts.append(expr.value)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _module_name(node: cst.BaseExpression | None) -> str:
+    return dotted(node) if node is not None else ""
+
+
+class Aliases:
+    """Maps local names bound by imports to the dotted name they stand for."""
+
+    # Conventional aliases, used when a script relies on an import we did not see (notebooks, star imports).
+    DEFAULTS = {
+        "torch": "torch",
+        "nn": "torch.nn",
+        "F": "torch.nn.functional",
+        "optim": "torch.optim",
+        "dist": "torch.distributed",
+        "np": "numpy",
+        "amp": "torch.amp",
+    }
+
+    def __init__(self) -> None:
+        self.map: dict[str, str] = dict(self.DEFAULTS)
+        # `from .steps import train_step` -> local name -> (module, level, name)
+        self.from_imports: dict[str, tuple[str, int, str]] = {}
+
+    def add(self, node: cst.Import | cst.ImportFrom) -> None:
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                full = dotted(alias.name) or ""
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    self.map[alias.asname.name.value] = full
+                else:
+                    head = full.split(".")[0]
+                    self.map[head] = head
+            return
+        if isinstance(node.names, cst.ImportStar):
+            return
+        module = _module_name(node.module)
+        level = len(node.relative)
+        for alias in node.names:
+            name = dotted(alias.name) or ""
+            local = alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) else name
+            self.map[local] = f"{module}.{name}" if module and not level else name
+            self.from_imports[local] = (module, level, name)
+
+    def qualify(self, expr: cst.BaseExpression) -> str | None:
+        name = dotted(expr)
+        if name is None:
+            return None
+        head, _, rest = name.partition(".")
+        full = self.map.get(head)
+        if full is None:
+            return name
+        return f"{full}.{rest}" if rest else full

@@ -1,0 +1,165 @@
+"""Parsed modules of the checked tree, their functions and classes, and sibling-module resolution."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import libcst as cst
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from graphify.analysis.names import Aliases
+from graphify.analysis.values import Env, Scope, collect_scope
+
+
+@dataclass
+class FunctionInfo:
+    module: "ModuleInfo"
+    node: cst.FunctionDef | None  # None: module-level code
+    cls: cst.ClassDef | None
+    qualname: str | None
+
+    @cached_property
+    def scope(self) -> Scope:
+        return collect_scope(self.node if self.node is not None else self.module.tree)
+
+    @cached_property
+    def class_scope(self) -> Scope | None:
+        if self.cls is None:
+            return None
+        scope = Scope()
+        for stmt in self.cls.body.body:
+            if isinstance(stmt, cst.FunctionDef):
+                collect_scope(stmt, scope)
+        return scope
+
+    def new_env(self) -> Env:
+        return Env(
+            scope=self.scope,
+            module_scope=self.module.scope,
+            aliases=self.module.aliases,
+            class_scope=self.class_scope,
+            module_classes=self.module.classes,
+        )
+
+    @property
+    def params(self) -> list[str]:
+        if self.node is None:
+            return []
+        p = self.node.params
+        return [x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)]
+
+
+class ModuleInfo:
+    def __init__(self, path: str, source: str, tree: cst.Module, program: "Program") -> None:
+        self.path = path
+        self.source = source
+        self.tree = tree
+        self.program = program
+        self.aliases = Aliases()
+        self.functions: dict[str, cst.FunctionDef] = {}
+        self.classes: dict[str, cst.ClassDef] = {}
+        self._function_infos: dict[int, FunctionInfo] = {}
+        for stmt in tree.body:
+            self._index(stmt)
+
+    def _index(self, stmt: cst.CSTNode) -> None:
+        if isinstance(stmt, cst.FunctionDef):
+            self.functions[stmt.name.value] = stmt
+        elif isinstance(stmt, cst.ClassDef):
+            self.classes[stmt.name.value] = stmt
+        elif isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)):
+                    self.aliases.add(small)
+        elif isinstance(stmt, (cst.If, cst.Try)):  # guarded imports and definitions
+            for child in stmt.body.body:
+                self._index(child)
+
+    @cached_property
+    def scope(self) -> Scope:
+        scope = Scope()
+        for stmt in self.tree.body:
+            if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                collect_scope(stmt, scope)
+        return scope
+
+    @cached_property
+    def positions(self):
+        # Only modules that hold a reported loop or a called function pay for positions.
+        wrapper = MetadataWrapper(self.tree, unsafe_skip_copy=True)
+        return wrapper.resolve(PositionProvider)
+
+    def position(self, node: cst.CSTNode) -> CodeRange:
+        return self.positions[node]
+
+    def function_info(self, node: cst.FunctionDef | None, cls: cst.ClassDef | None) -> FunctionInfo:
+        key = id(node) if node is not None else 0
+        info = self._function_infos.get(key)
+        if info is None:
+            if node is None:
+                qual = None
+            else:
+                qual = f"{cls.name.value}.{node.name.value}" if cls is not None else node.name.value
+            info = FunctionInfo(self, node, cls, qual)
+            self._function_infos[key] = info
+        return info
+
+    def method(self, cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+        for stmt in cls.body.body:
+            if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
+                return stmt
+        for base in cls.bases:  # methods inherited from a local base class
+            base_name = getattr(base.value, "value", None)
+            if isinstance(base_name, str) and base_name in self.classes and self.classes[base_name] is not cls:
+                found = self.method(self.classes[base_name], name)
+                if found is not None:
+                    return found
+        return None
+
+    def imported_module(self, local_name: str) -> tuple["ModuleInfo", str] | None:
+        """The sibling module that `from X import local_name` refers to, and the imported name."""
+        entry = self.aliases.from_imports.get(local_name)
+        if entry is None:
+            return None
+        module, level, name = entry
+        base = os.path.dirname(self.path) or "."
+        for _ in range(max(level - 1, 0)):
+            base = os.path.dirname(base) or "."
+        rel = module.replace(".", os.sep) if module else ""
+        candidates = [os.path.join(base, rel + ".py"), os.path.join(base, rel, "__init__.py")] if rel else []
+        if not module and level:
+            candidates.append(os.path.join(base, name + ".py"))
+        for candidate in candidates:
+            info = self.program.load(candidate)
+            if info is not None:
+                return info, name
+        return None
+
+
+@dataclass
+class Program:
+    """Modules parsed so far; sibling modules are parsed on demand when a loop calls into them."""
+
+    modules: dict[str, ModuleInfo | None] = field(default_factory=dict)
+
+    def add(self, path: str, source: str, tree: cst.Module) -> ModuleInfo:
+        info = ModuleInfo(path, source, tree, self)
+        self.modules[os.path.normpath(path)] = info
+        return info
+
+    def load(self, path: str) -> ModuleInfo | None:
+        key = os.path.normpath(path)
+        if key in self.modules:
+            return self.modules[key]
+        self.modules[key] = None
+        try:
+            if os.path.getsize(path) > 2_000_000:
+                return None
+            with open(path, encoding="utf-8") as f:
+                source = f.read()
+            tree = cst.parse_module(source)
+        except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
+            return None
+        return self.add(path, source, tree)

@@ -1,0 +1,400 @@
+"""What names hold: tensors, host values, or well-known objects (models, optimizers, loaders...).
+
+The inference is local and syntactic (see docs/heuristics.md). It never imports the checked code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from graphify.analysis.names import Aliases, dotted
+
+MODEL, OPTIMIZER, SCHEDULER, SCALER, LOADER, LOSS, DDP, GENERATOR, ENV, ACCELERATOR = (
+    "model", "optimizer", "scheduler", "scaler", "loader", "loss", "ddp", "generator", "env", "accelerator",
+)
+
+ADAM_FAMILY = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "ASGD", "RMSprop", "Adadelta", "Rprop"}
+NEVER_CAPTURABLE = {"LBFGS", "SparseAdam"}
+FUSED_CAPTURABLE = {"Adagrad", "SGD", "Adam", "AdamW"}  # graph-safe with fused=True
+KNOWN_OPTIMIZERS = ADAM_FAMILY | NEVER_CAPTURABLE | {"SGD", "Adagrad", "Adafactor", "Muon"}
+
+_MODEL_NAME = re.compile(
+    r"^(self\.)?(model|net|network|module|encoder|decoder|generator|discriminator|gen|disc|netG|netD|G|D|"
+    r"policy|critic|actor|value_net|q_net|qnet|target_net|classifier|backbone|head|ae|autoencoder|vae|unet|"
+    r"transformer|gpt|bert|lm|student|teacher|mlp|cnn|rnn|lstm|[a-z_]*_(model|net|encoder|decoder))$",
+    re.IGNORECASE,
+)
+_OPTIMIZER_NAME = re.compile(
+    r"^(self\.)?(opt|optim|optimizer|optimiser)(_[a-z0-9]+|[GD])?$|^(self\.)?[a-z0-9_]*_(opt|optim|optimizer|optimiser)$", re.I
+)
+_SCHEDULER_NAME = re.compile(r"^(self\.)?([a-z_]*sched[a-z_]*|lr_scheduler)$", re.I)
+_SCALER_NAME = re.compile(r"^(self\.)?([a-z_]*scaler)$", re.I)
+_LOADER_NAME = re.compile(r"^(self\.)?([a-z_]*(loader|_dl|dl_[a-z_]*)|dl|dataloader)$", re.I)
+_LOSS_NAME = re.compile(r"^(self\.)?(criterion|loss_fn|loss_func|loss_function|lossfn|[a-z_]*_criterion|[a-z_]*_loss_fn)$", re.I)
+_ENV_NAME = re.compile(r"^(self\.)?(env|envs|environment|[a-z_]*_env|sim|game)$", re.I)
+
+# Tensor methods whose results live on the host.
+HOST_METHODS = {
+    "item", "tolist", "numpy", "size", "dim", "ndimension", "numel", "nelement", "element_size",
+    "data_ptr", "is_contiguous", "get_device", "stride", "storage_offset", "is_floating_point",
+    "is_complex", "__len__", "type", "keys", "items", "values", "state_dict", "parameters",
+    "named_parameters", "buffers", "modules", "children", "train", "eval", "zero_grad",
+    "register_hook", "backward", "step", "add_scalar", "log", "update", "append", "extend", "copy_",
+}
+HOST_ATTRIBUTES = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "is_leaf", "layout", "names"}
+
+# torch.* callables that do not return a tensor on the device.
+_TORCH_NON_TENSOR = re.compile(
+    r"^torch\.(cuda|distributed|optim|utils|backends|jit|onnx|compiler|_dynamo|profiler|autograd\.profiler|"
+    r"nn\.(?!functional)|amp|cpu|mps|hub|testing|fx|export|package|multiprocessing|library)(\.|$)"
+    r"|^torch\.(device|dtype|no_grad|enable_grad|inference_mode|set_grad_enabled|is_tensor|is_grad_enabled|"
+    r"manual_seed|seed|initial_seed|get_rng_state|set_rng_state|save|load|compile|autocast|Generator|"
+    r"set_printoptions|set_float32_matmul_precision|use_deterministic_algorithms|set_default_dtype|"
+    r"get_default_dtype|numel|is_floating_point|is_complex|set_num_threads|get_num_threads|"
+    r"float\d*|int\d*|bfloat16|half|long|bool|double|Size|finfo|iinfo)$"
+)
+
+
+def is_torch_tensor_call(qual: str | None) -> bool:
+    return bool(qual) and qual.startswith("torch.") and not _TORCH_NON_TENSOR.match(qual)
+
+
+@dataclass
+class Scope:
+    """Assignments of one function (or module) body: name -> value expressions, in source order."""
+
+    values: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
+
+    def add(self, name: str, value: cst.BaseExpression) -> None:
+        self.values.setdefault(name, []).append(value)
+
+
+def target_names(target: cst.BaseExpression) -> list[str]:
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for el in target.elements for n in target_names(el.value)]
+    if isinstance(target, cst.StarredElement):
+        return target_names(target.value)
+    name = dotted(target)
+    return [name] if name else []
+
+
+class _ScopeCollector(cst.CSTVisitor):
+    """Collects assignments in one body, without entering nested functions or classes."""
+
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            values = value.elements if isinstance(value, (cst.Tuple, cst.List)) else None
+            for i, el in enumerate(target.elements):
+                if values is not None and i < len(values) and not isinstance(el, cst.StarredElement):
+                    self._bind(el.value, values[i].value)
+                else:
+                    # Unpacking an opaque value: each part is bound to a subscript of it.
+                    part = cst.Subscript(value, [cst.SubscriptElement(cst.Index(cst.Integer(str(i))))])
+                    self._bind(el.value if not isinstance(el, cst.StarredElement) else el.value, part)
+            return
+        name = dotted(target)
+        if name:
+            self.scope.add(name, value)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for t in node.targets:
+            self._bind(t.target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._bind(node.target, node.value)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        name = dotted(node.target)
+        if name:
+            self.scope.add(name, cst.BinaryOperation(node.target, cst.Add(), node.value))
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind(node.target, node.value)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._bind(node.asname.name, node.item)
+
+
+def collect_scope(body: cst.CSTNode, scope: Scope | None = None) -> Scope:
+    scope = scope or Scope()
+    if isinstance(body, (cst.FunctionDef, cst.ClassDef)):
+        for stmt in body.body.body if isinstance(body.body, cst.IndentedBlock) else [body.body]:
+            stmt.visit(_ScopeCollector(scope))
+    else:
+        body.visit(_ScopeCollector(scope))
+    return scope
+
+
+@dataclass
+class Env:
+    """Everything the inference needs for one function body: its scope, the class's `self.` attributes,
+    the module's scope and imports, and the local classes."""
+
+    scope: Scope
+    module_scope: Scope
+    aliases: Aliases
+    class_scope: Scope | None
+    module_classes: dict[str, cst.ClassDef]
+    tensors: set[str] = field(default_factory=set)
+    hosts: set[str] = field(default_factory=set)
+    # Parameters bound at a call site: name -> (caller env, argument expression).
+    bound: dict[str, tuple["Env", cst.BaseExpression]] = field(default_factory=dict)
+    module: object = None  # ModuleInfo, for resolving calls into analysed functions
+    func: object = None  # FunctionInfo of this body
+    resolver: object = None
+
+    def values_of(self, name: str) -> list[cst.BaseExpression]:
+        if name.startswith("self.") and self.class_scope is not None:
+            return self.class_scope.values.get(name, [])
+        return self.scope.values.get(name) or self.module_scope.values.get(name, [])
+
+    def qualify(self, expr: cst.BaseExpression) -> str | None:
+        return self.aliases.qualify(expr)
+
+    # ---- objects --------------------------------------------------------------------------
+
+    def kind_of(self, expr: cst.BaseExpression, depth: int = 0) -> str | None:
+        """Which well-known object an expression holds, by its construction or, failing that, its name."""
+        if depth > 6:
+            return None
+        if isinstance(expr, cst.Call):
+            return self._kind_of_call(expr, depth)
+        if isinstance(expr, cst.Subscript):  # optimizers[0], self.models["g"]
+            return self.kind_of(expr.value, depth + 1) if self._is_container_of_objects(expr.value, depth) else None
+        name = dotted(expr)
+        if name is None:
+            return None
+        if name in self.bound:
+            caller, arg = self.bound[name]
+            kind = caller.kind_of(arg, depth + 1)
+            if kind is not None:
+                return kind
+        for value in self.values_of(name):
+            kind = self.kind_of(value, depth + 1)
+            if kind is not None:
+                return kind
+        return kind_by_name(name)
+
+    def _is_container_of_objects(self, expr: cst.BaseExpression, depth: int) -> bool:
+        name = dotted(expr)
+        return bool(name) and any(isinstance(v, (cst.List, cst.Tuple, cst.Dict)) for v in self.values_of(name))
+
+    def _kind_of_call(self, call: cst.Call, depth: int) -> str | None:
+        qual = self.qualify(call.func) or ""
+        last = qual.rsplit(".", 1)[-1]
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in {"to", "cuda", "train", "eval", "float", "half", "bfloat16", "double"}:
+            inner = self.kind_of(call.func.value, depth + 1)
+            return inner if inner == MODEL or inner == DDP else None
+        if qual in {"torch.compile"} and call.args:
+            return self.kind_of(call.args[0].value, depth + 1)
+        if last in {"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP"}:
+            return DDP
+        if last == "DataParallel":
+            return MODEL
+        if last in KNOWN_OPTIMIZERS or ".optim." in f".{qual}." and last[:1].isupper() and "lr_scheduler" not in qual:
+            return OPTIMIZER
+        if "lr_scheduler" in qual or last.endswith(("LR", "Scheduler")) or re.match(r"get_\w*schedule", last):
+            return SCHEDULER
+        if last == "GradScaler":
+            return SCALER
+        if last == "DataLoader":
+            return LOADER
+        if last == "Generator" and qual.startswith("torch"):
+            return GENERATOR
+        if last == "Accelerator":
+            return ACCELERATOR
+        if last.endswith("Loss") and (qual.startswith("torch.nn") or last != qual):
+            return LOSS
+        if qual.startswith("torch.nn.") and last[:1].isupper() and not qual.startswith("torch.nn.functional"):
+            return MODEL
+        if qual.startswith(("torchvision.models", "timm.", "transformers.")):
+            return MODEL
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "from_pretrained":
+            return MODEL
+        cls = self.module_classes.get(last) if "." not in qual else None
+        if cls is not None and is_module_class(cls, self.module_classes):
+            return MODEL
+        if "gym.make" in qual or qual.endswith(".make") and "gym" in qual:
+            return ENV
+        return None
+
+    # ---- tensors --------------------------------------------------------------------------
+
+    def is_tensor(self, expr: cst.BaseExpression) -> bool:
+        return self._tensor(expr, 0) is True
+
+    def is_host(self, expr: cst.BaseExpression) -> bool:
+        return self._tensor(expr, 0) is False
+
+    def _tensor(self, expr: cst.BaseExpression, depth: int) -> bool | None:
+        """True: holds a tensor; False: a host value; None: unknown."""
+        if depth > 12:
+            return None
+        if isinstance(expr, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString,
+                             cst.FormattedString, cst.Dict, cst.DictComp)):
+            return False
+        if isinstance(expr, cst.Name):
+            if expr.value in self.tensors:
+                return True
+            if expr.value in self.hosts or expr.value in {"True", "False", "None"}:
+                return False
+            return None
+        if isinstance(expr, cst.Attribute):
+            if expr.attr.value in HOST_ATTRIBUTES:
+                return False
+            name = dotted(expr)
+            if name in self.tensors:
+                return True
+            if name in self.hosts:
+                return False
+            if expr.attr.value in {"grad", "data", "T", "mT", "H", "real", "imag", "logits", "loss", "last_hidden_state"}:
+                return True if self._tensor(expr.value, depth + 1) or expr.attr.value in {"grad", "logits"} else None
+            return True if self._tensor(expr.value, depth + 1) is True and self.kind_of(expr.value) is None else None
+        if isinstance(expr, cst.Subscript):
+            base = self._tensor(expr.value, depth + 1)
+            if base is True:
+                return True
+            if isinstance(expr.value, cst.Attribute) and expr.value.attr.value == "shape":
+                return False
+            return base
+        if isinstance(expr, cst.BinaryOperation):
+            sides = (self._tensor(expr.left, depth + 1), self._tensor(expr.right, depth + 1))
+            if True in sides:
+                return True
+            return False if sides == (False, False) else None
+        if isinstance(expr, cst.UnaryOperation):
+            if isinstance(expr.operator, cst.Not):
+                inner = self._tensor(expr.expression, depth + 1)
+                return None if inner is None else inner
+            return self._tensor(expr.expression, depth + 1)
+        if isinstance(expr, cst.Comparison):
+            parts = [self._tensor(expr.left, depth + 1)] + [self._tensor(c.comparator, depth + 1) for c in expr.comparisons]
+            if any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in expr.comparisons):
+                return False
+            return True if True in parts else (False if all(p is False for p in parts) else None)
+        if isinstance(expr, cst.BooleanOperation):
+            sides = (self._tensor(expr.left, depth + 1), self._tensor(expr.right, depth + 1))
+            return True if True in sides else (False if sides == (False, False) else None)
+        if isinstance(expr, cst.IfExp):
+            sides = (self._tensor(expr.body, depth + 1), self._tensor(expr.orelse, depth + 1))
+            return True if True in sides else None
+        if isinstance(expr, cst.Call):
+            return self._call_tensor(expr, depth)
+        return None
+
+    def _call_tensor(self, call: cst.Call, depth: int) -> bool | None:
+        func = call.func
+        if isinstance(func, cst.Name) and func.value in {"float", "int", "bool", "len", "str", "repr", "round", "abs", "range", "enumerate", "isinstance", "math"}:
+            return False if func.value != "abs" else self._tensor(call.args[0].value, depth + 1) if call.args else None
+        if isinstance(func, cst.Name) and func.value == "next":
+            return True
+        qual = self.qualify(func)
+        if qual and (qual.startswith(("numpy.", "math.", "random.", "time.")) or qual in {"sum", "min", "max"}):
+            return False if not qual.startswith(("sum", "min", "max")) else None
+        if isinstance(func, cst.Attribute):
+            method = func.attr.value
+            if method in HOST_METHODS:
+                return False
+            kind = self.kind_of(func.value)
+            if kind in (MODEL, DDP, LOSS) and method in {"forward", "__call__", "generate", "encode", "decode", "sample"}:
+                return True
+            receiver = self._tensor(func.value, depth + 1)
+            if receiver is True:
+                return True
+        if is_torch_tensor_call(qual):
+            return True
+        kind = self.kind_of(func)
+        if kind in (MODEL, DDP, LOSS):
+            return True
+        if kind is None and isinstance(func, (cst.Name, cst.Attribute)) and _LOSS_NAME.match(dotted(func) or ""):
+            return True
+        if isinstance(func, cst.Name) and self.module is not None and func.value in self.module.functions:
+            return self._returns_tensor(self.module.functions[func.value], depth)
+        return None
+
+    def _returns_tensor(self, fn: cst.FunctionDef, depth: int) -> bool | None:
+        """A local helper such as `get_batch()` returns tensors if one of its return values is a tensor."""
+        if depth > 3:
+            return None
+        info = self.module.function_info(fn, None)
+        env = info.new_env()
+        env.module = self.module
+        env.infer({}, [fn])
+        verdicts = set()
+        for node in _returns(fn):
+            value = node.value
+            parts = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+            verdicts.update(env._tensor(p, depth + 1) for p in parts)
+        return True if True in verdicts else (False if verdicts == {False} else None)
+
+    def infer(self, seeds: dict[str, bool], statements: list[cst.CSTNode]) -> None:
+        """Fixed-point over the assignments in `statements`, seeded with known tensor/host names."""
+        for name, is_tensor in seeds.items():
+            (self.tensors if is_tensor else self.hosts).add(name)
+        local = Scope()
+        for stmt in statements:
+            collect_scope(stmt, local)
+        for _ in range(6):
+            changed = False
+            for name, values in local.values.items():
+                for value in values:
+                    verdict = self._tensor(value, 0)
+                    if verdict is True and name not in self.tensors:
+                        self.tensors.add(name)
+                        self.hosts.discard(name)
+                        changed = True
+                    elif verdict is False and name not in self.tensors and name not in self.hosts:
+                        self.hosts.add(name)
+                        changed = True
+            if not changed:
+                break
+
+
+def _returns(fn: cst.FunctionDef):
+    stack = list(fn.body.children)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Return) and node.value is not None:
+            yield node
+        elif not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            stack.extend(node.children)
+
+
+def kind_by_name(name: str) -> str | None:
+    for pattern, kind in (
+        (_SCHEDULER_NAME, SCHEDULER),
+        (_SCALER_NAME, SCALER),
+        (_OPTIMIZER_NAME, OPTIMIZER),
+        (_LOADER_NAME, LOADER),
+        (_LOSS_NAME, LOSS),
+        (_ENV_NAME, ENV),
+        (_MODEL_NAME, MODEL),
+    ):
+        if pattern.match(name):
+            return kind
+    return None
+
+
+def is_module_class(cls: cst.ClassDef, classes: dict[str, cst.ClassDef], depth: int = 0) -> bool:
+    for base in cls.bases:
+        name = dotted(base.value) or ""
+        last = name.rsplit(".", 1)[-1]
+        if last in {"Module", "Sequential", "ModuleList", "LightningModule", "PreTrainedModel"}:
+            return True
+        if depth < 4 and last in classes and classes[last] is not cls and is_module_class(classes[last], classes, depth + 1):
+            return True
+    return False

@@ -1,0 +1,83 @@
+"""Plain data shared by the analysis core, the rewriter and the reporters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Severity(str, Enum):
+    ERROR = "error"  # capture fails, or replays silently wrong
+    WARNING = "warning"  # capture works, but speed or semantics suffer
+    INFO = "info"
+
+
+class Verdict(str, Enum):
+    CAPTURABLE = "capturable"
+    AFTER_REWRITE = "capturable-after-rewrite"
+    NOT_CAPTURABLE = "not-capturable"
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    name: str
+    category: str
+    severity: Severity
+    summary: str
+    # A mechanical rewrite can remove this breaker (static buffers, tensor LR, eager host code...).
+    # Individual diagnostics may still be marked not removable when their context defeats the rewrite.
+    rewritable: bool
+
+
+@dataclass
+class Diagnostic:
+    path: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    rule: Rule
+    message: str
+    fix: str
+    loop_path: str
+    loop_line: int
+    removable_by_rewrite: bool
+
+    @property
+    def code(self) -> str:
+        return self.rule.code
+
+    def sort_key(self) -> tuple:
+        return (self.path, self.line, self.column, self.rule.code)
+
+
+@dataclass
+class LoopReport:
+    path: str
+    line: int
+    end_line: int
+    kind: str  # "train" | "inference"
+    function: str | None
+    verdict: Verdict
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FileError:
+    path: str
+    message: str
+
+
+@dataclass
+class Report:
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    loops: list[LoopReport] = field(default_factory=list)
+    errors: list[FileError] = field(default_factory=list)
+    files_checked: int = 0
+
+    def extend(self, other: "Report") -> None:
+        self.diagnostics.extend(other.diagnostics)
+        self.loops.extend(other.loops)
+        self.errors.extend(other.errors)
+        self.files_checked += other.files_checked

@@ -1,0 +1,45 @@
+"""amp-grad-scaler: mixed precision pieces that sync or cache."""
+import libcst as cst
+
+from graphify.analysis.checker import code_of, kwarg
+from graphify.analysis.discovery import method_call
+from graphify.analysis.names import dotted
+from graphify.analysis.values import SCALER
+from graphify.rules import rule
+
+SCALER_STEP = rule("GFY421", "grad-scaler-step", "amp-grad-scaler", "error", "`GradScaler.step`/`update` check for infs on the host", True)
+AUTOCAST_CACHE = rule("GFY422", "autocast-cache", "amp-grad-scaler", "warning", "`autocast` inside a captured step needs `cache_enabled=False`", True)
+
+RULES = (SCALER_STEP, AUTOCAST_CACHE)
+
+
+
+def _autocast_call(expr, env, depth=0):
+    if depth > 4:
+        return None
+    if isinstance(expr, cst.Call):
+        return expr if (env.qualify(expr.func) or "").endswith("autocast") else None
+    if isinstance(expr, cst.IfExp):
+        return _autocast_call(expr.body, env, depth + 1) or _autocast_call(expr.orelse, env, depth + 1)
+    name = dotted(expr)
+    for value in env.values_of(name) if name else ():
+        found = _autocast_call(value, env, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def check(ck):
+    for node, site in ck.nodes():
+        env = site.env
+        m = method_call(node)
+        if m is not None and m[1] in ("step", "update") and env.kind_of(m[0]) == SCALER:
+            yield ck.finding(SCALER_STEP, node, site, f"`{code_of(node)}` reads `found_inf` on the host",
+                             "capture forward and scaled backward; run `scaler.step`/`scaler.update` eagerly after the replay")
+        elif isinstance(node, cst.WithItem):
+            call = _autocast_call(node.item, env)
+            if call is not None:
+                cache = kwarg(call, "cache_enabled")
+                if not (isinstance(cache, cst.Name) and cache.value == "False"):
+                    yield ck.finding(AUTOCAST_CACHE, node, site, f"`{code_of(node.item)}` caches casts across the captured region",
+                                     "pass `cache_enabled=False` to autocast inside a captured step")

@@ -1,0 +1,61 @@
+"""cross-device: host-to-device copies of per-step data."""
+import libcst as cst
+
+from graphify.analysis.checker import code_of, is_cpu_arg, is_device_arg, kwarg
+from graphify.analysis.discovery import method_call
+from graphify.analysis.names import dotted
+from graphify.analysis.values import DDP, LOSS, MODEL
+from graphify.rules import rule
+
+STEP_INPUT_COPY = rule("GFY301", "per-step-device-copy", "cross-device", "error", "`.to(device)`/`.cuda()` of per-step data reads a host address that replay never refreshes", True)
+HOST_TENSOR_COPY = rule("GFY302", "host-tensor-moved-in-step", "cross-device", "error", "a tensor created on the host inside the step is copied to the device", False)
+
+RULES = (STEP_INPUT_COPY, HOST_TENSOR_COPY)
+
+
+_HOST_FACTORIES = {"zeros", "ones", "full", "empty", "arange", "linspace", "randn", "rand", "randint", "randperm",
+                   "eye", "zeros_like", "ones_like"}
+
+
+def _host_factory(expr, env, depth=0):
+    """A tensor factory called without `device=` (so the tensor starts on the host)."""
+    if depth > 3:
+        return False
+    if isinstance(expr, cst.Call):
+        qual = env.qualify(expr.func) or ""
+        return qual.startswith("torch.") and qual.rsplit(".", 1)[-1] in _HOST_FACTORIES and kwarg(expr, "device") is None
+    name = dotted(expr)
+    return bool(name) and any(_host_factory(v, env, depth + 1) for v in env.scope.values.get(name, []))
+
+
+def is_device_copy(call, env) -> bool:
+    m = method_call(call)
+    if m is None:
+        return False
+    receiver, name = m
+    if name == "cuda":
+        pass
+    elif name == "to":
+        device = kwarg(call, "device")
+        first = call.args[0].value if call.args and call.args[0].keyword is None else None
+        if device is None and first is not None and is_device_arg(first, env) and not is_cpu_arg(first, env):
+            device = first
+        if device is None or is_cpu_arg(device, env):
+            return False
+    else:
+        return False
+    return env.kind_of(receiver) not in (MODEL, DDP, LOSS) and not env.is_host(receiver)
+
+
+def check(ck):
+    for call, site in ck.calls():
+        env = site.env
+        if not is_device_copy(call, env):
+            continue
+        receiver = call.func.value
+        if _host_factory(receiver, env):
+            yield ck.finding(HOST_TENSOR_COPY, call, site, f"`{code_of(call)}` creates a tensor on the host and copies it every step",
+                             "create it directly on the device (`device=`), or once before the loop")
+        else:
+            yield ck.finding(STEP_INPUT_COPY, call, site, f"`{code_of(call)}` copies per-step data to the device",
+                             "copy each batch into a static device buffer with `static.copy_(batch, non_blocking=True)` before the replay")

@@ -1,0 +1,40 @@
+"""host-branch: step-counter branches that change the GPU work of a step."""
+import libcst as cst
+
+from graphify.analysis.checker import code_of
+from graphify.analysis.discovery import is_optimizer_step, is_periodic_gpu_branch, iter_nodes, method_call
+from graphify.analysis.values import MODEL, OPTIMIZER, SCALER
+from graphify.rules import rule
+
+ACCUMULATION = rule("GFY501", "gradient-accumulation-branch", "host-branch", "error", "an optimizer step or `zero_grad` under a step-counter condition (gradient accumulation)", True)
+PERIODIC_WORK = rule("GFY502", "periodic-gpu-work", "host-branch", "warning", "evaluation or other GPU work under a step-counter condition", True)
+
+RULES = (ACCUMULATION, PERIODIC_WORK)
+
+
+
+def _steps_optimizer(body, env) -> bool:
+    for n in iter_nodes(body):
+        if isinstance(n, cst.Call) and is_optimizer_step(n, env):
+            return True
+        m = method_call(n)
+        if m is not None and m[1] == "zero_grad" and env.kind_of(m[0]) in (OPTIMIZER, MODEL, SCALER):
+            return True
+    return False
+
+
+def _is_counter_modulo(test) -> bool:
+    return any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo) for n in iter_nodes(test))
+
+
+def check(ck):
+    for node, site in ck.nodes():
+        if not isinstance(node, cst.If) or site.env._tensor(node.test, 0) is True:
+            continue
+        if _steps_optimizer(node.body, site.env):
+            yield ck.finding(ACCUMULATION, node, site, f"optimizer step under host condition `{code_of(node.test)}`",
+                             "capture one graph per accumulation cycle (graphify rewrite does this for `step % k` conditions)",
+                             _is_counter_modulo(node.test))
+        elif is_periodic_gpu_branch(node, site.env):
+            yield ck.finding(PERIODIC_WORK, node, site, f"GPU work under host condition `{code_of(node.test)}`",
+                             "run this block eagerly between replays (graphify rewrite keeps it outside the graph)")

@@ -1,0 +1,59 @@
+"""non-capturable-optimizer and lr-scheduler: optimizer state and learning rates that capture freezes."""
+import libcst as cst
+
+from graphify.analysis.checker import code_of, is_true, kwarg
+from graphify.analysis.discovery import method_call
+from graphify.analysis.values import ADAM_FAMILY, NEVER_CAPTURABLE, SCHEDULER
+from graphify.rules import rule
+
+NOT_CAPTURABLE = rule("GFY401", "optimizer-not-capturable", "non-capturable-optimizer", "error", "an Adam-family optimizer without `capturable=True` keeps its step count on the host", True)
+NEVER_CAPTURABLE_RULE = rule("GFY402", "optimizer-without-capture-support", "non-capturable-optimizer", "error", "LBFGS, SparseAdam and optimizers with host-side logic cannot be captured", False)
+SCHEDULER_STEP = rule("GFY411", "lr-scheduler-step", "lr-scheduler", "error", "`scheduler.step()` changes a float learning rate that capture froze", True)
+LR_ASSIGNMENT = rule("GFY412", "lr-assignment", "lr-scheduler", "error", "assigning `param_group['lr']` changes a float learning rate that capture froze", True)
+
+RULES = (NOT_CAPTURABLE, NEVER_CAPTURABLE_RULE, SCHEDULER_STEP, LR_ASSIGNMENT)
+
+
+
+def check(ck):
+    seen = set()
+    for expr, site in ck.stepped_optimizers:
+        found = ck.optimizer_class(expr, site.env)
+        if found is None:
+            continue
+        name, call, module = found
+        if id(call) in seen:
+            continue
+        seen.add(id(call))
+        fused = is_true(kwarg(call, "fused"))
+        if name in ADAM_FAMILY and not is_true(kwarg(call, "capturable")) and not fused:
+            yield ck.finding_at(NOT_CAPTURABLE, call, module, f"`{name}` built without `capturable=True`",
+                                f"pass `capturable=True` to `{name}` (graphify rewrite sets it on the param groups before warmup)")
+        elif name in NEVER_CAPTURABLE or (name == "Adagrad" and not fused):
+            hint = "pass `fused=True` (graph-safe on CUDA)" if name == "Adagrad" else "use an optimizer that supports capture (Adam/AdamW with `capturable=True`, SGD)"
+            yield ck.finding_at(NEVER_CAPTURABLE_RULE, call, module, f"`{name}` cannot be captured in a CUDA graph", hint)
+    tensor_lr = None
+    for node, site in ck.nodes():
+        env = site.env
+        m = method_call(node)
+        if m is not None and m[1] == "step" and env.kind_of(m[0]) == SCHEDULER:
+            tensor_lr = ck.optimizers_take_tensor_lr() if tensor_lr is None else tensor_lr
+            yield ck.finding(SCHEDULER_STEP, node, site, f"`{code_of(node)}` changes the learning rate every step",
+                             _lr_fix(tensor_lr), tensor_lr)
+        elif isinstance(node, cst.Assign) and any(_is_lr_subscript(t.target) for t in node.targets):
+            tensor_lr = ck.optimizers_take_tensor_lr() if tensor_lr is None else tensor_lr
+            yield ck.finding(LR_ASSIGNMENT, node, site, f"`{code_of(node)}` sets a float learning rate inside the step",
+                             _lr_fix(tensor_lr), tensor_lr)
+
+
+def _lr_fix(tensor_lr: bool) -> str:
+    if tensor_lr:
+        return "keep the learning rate in a device tensor (`lr=torch.tensor(lr, device=...)`) and update it outside the graph"
+    return "this optimizer reads its learning rate on the host: use Adam/AdamW (capturable) or `fused=True`, or keep the LR fixed"
+
+
+def _is_lr_subscript(target) -> bool:
+    if not isinstance(target, cst.Subscript):
+        return False
+    return any(isinstance(el.slice, cst.Index) and isinstance(el.slice.value, cst.SimpleString)
+               and el.slice.value.value.strip("'\"") == "lr" for el in target.slice)
