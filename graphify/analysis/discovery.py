@@ -14,6 +14,7 @@ from graphify.analysis.values import (
 )
 
 MAX_CALL_DEPTH = 4
+CAPTURED_STEP = "CapturedStep"  # the helper class `graphify rewrite` adds
 NO_GRAD = ("no_grad", "inference_mode")
 LOOPS = (cst.For, cst.While)
 _SKIP = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -61,6 +62,7 @@ class Loop:
     func: FunctionInfo
     kind: str  # "train" | "inference"
     region: Region
+    ancestors: tuple[cst.CSTNode, ...] = ()  # enclosing nodes in the module, outermost first
 
     @property
     def module(self) -> ModuleInfo:
@@ -145,6 +147,8 @@ class ModuleAnalysis:
             if id(node) in absorbed:
                 continue
             env = self._loop_env(node, func)
+            if self._already_captured(node, env):
+                continue
             body = Block(func, env, [node])
             direct_steps, direct_models = self._direct_work(body, node)
             if direct_steps:
@@ -152,11 +156,21 @@ class ModuleAnalysis:
                 for n, _ in region.nodes:
                     if isinstance(n, LOOPS) and n is not node:
                         absorbed.add(id(n))
-                found.append(Loop(node, func, "train", region))
+                found.append(Loop(node, func, "train", region, ancestors))
             elif direct_models and not self._has_step_anywhere(body, node) and self._under_no_grad(node, func, ancestors, env):
                 region = self._region(body, node, include_nested=lambda n, b, a: not self._calls_model(n, b))
-                found.append(Loop(node, func, "inference", region))
+                found.append(Loop(node, func, "inference", region, ancestors))
         return found
+
+    @staticmethod
+    def _already_captured(loop, env: Env) -> bool:
+        """A loop that `graphify rewrite` already turned into replays of a `CapturedStep`."""
+        for n in _iter_nodes(loop.body):
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Name):
+                for value in env.values_of(n.func.value):
+                    if isinstance(value, cst.Call) and (dotted(value.func) or "").endswith(CAPTURED_STEP):
+                        return True
+        return False
 
     # ---- environments -----------------------------------------------------------------------
 

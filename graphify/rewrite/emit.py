@@ -1,0 +1,183 @@
+"""Applies plans to the module: step functions, the replay call, and the CapturedStep helper."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from graphify.rewrite import runtime
+from graphify.rewrite.plan import Plan
+
+_EMPTY = cst.Module([])
+
+
+@dataclass
+class Emission:
+    plan: Plan
+    step_name: str
+    anchor: cst.CSTNode  # statement before which the step function is defined
+
+
+def fresh_name(base: str, taken: set[str]) -> str:
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def _comment(text: str) -> cst.EmptyLine:
+    return cst.EmptyLine(comment=cst.Comment(f"# graphify: {text}"))
+
+
+def _with_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return call.with_changes(args=[
+                a.with_changes(value=cst.parse_expression(value)) if a is arg else a for a in call.args
+            ])
+    args = list(call.args)
+    if args and args[-1].comma is cst.MaybeSentinel.DEFAULT:
+        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    args.append(cst.Arg(keyword=cst.Name(name), value=cst.parse_expression(value), equal=cst.AssignEqual(
+        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))))
+    return call.with_changes(args=args)
+
+
+class Rewriter(cst.CSTTransformer):
+    def __init__(self, emissions: list[Emission], helper_name: str, add_helper: bool) -> None:
+        self.by_loop = {id(e.plan.loop.node): e for e in emissions}
+        self.anchors: dict[int, list[Emission]] = {}
+        for e in emissions:
+            self.anchors.setdefault(id(e.anchor), []).append(e)
+        self.helper_name = helper_name
+        self.add_helper = add_helper
+        self.call_edits: dict[int, tuple[str, str]] = {}
+        for e in emissions:
+            for call in e.plan.autocast_calls:
+                self.call_edits[id(call)] = ("cache_enabled", "False")
+            for call in e.plan.zero_grads:
+                self.call_edits[id(call)] = ("set_to_none", "False")
+        self.defs: dict[int, list[cst.BaseStatement]] = {}
+
+    # ---- calls edited in place ---------------------------------------------------------------
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        edit = self.call_edits.get(id(original))
+        return _with_kwarg(updated, *edit) if edit else updated
+
+    # ---- loops ----------------------------------------------------------------------------------
+
+    def leave_For(self, original, updated):
+        return self._loop(original, updated)
+
+    def leave_While(self, original, updated):
+        return self._loop(original, updated)
+
+    def _loop(self, original, updated):
+        emission = self.by_loop.get(id(original))
+        if emission is None:
+            return updated
+        plan = emission.plan
+        stmts = list(updated.body.body)
+        graph_body = [self._captured(plan, i, stmts[i]) for i in plan.graph]
+        graph_body[0] = graph_body[0].with_changes(leading_lines=[l for l in graph_body[0].leading_lines if l.comment])
+        if plan.outputs:
+            graph_body.append(cst.parse_statement(f"return {', '.join(plan.outputs)}"))
+        params = ", ".join(plan.inputs)
+        step_def = cst.parse_statement(f"def {emission.step_name}({params}):\n    pass\n")
+        step_def = step_def.with_changes(
+            body=step_def.body.with_changes(body=graph_body),
+            leading_lines=[cst.EmptyLine(), _comment(f"one {'training' if plan.kind == 'train' else 'inference'} step of the loop below, replayed from a CUDA graph")],
+        )
+        optimizers = ", ".join(_EMPTY.code_for_node(o) for o in plan.optimizers)
+        opt_arg = f", optimizers=({optimizers},)" if optimizers else ""
+        wrap = cst.parse_statement(f"{emission.step_name} = {self.helper_name}({emission.step_name}{opt_arg})")
+        self.defs.setdefault(id(emission.anchor), []).extend([step_def, wrap])
+
+        key = ""
+        if plan.keys:
+            tests = [_EMPTY.code_for_node(stmts[i].test) for i in plan.keys]
+            key = f", key=({', '.join(tests)},)"
+        call = f"{emission.step_name}({params}{key})"
+        if plan.outputs:
+            call = f"{', '.join(plan.outputs)} = {call}"
+        call_stmt = cst.parse_statement(call).with_changes(leading_lines=[_comment("replay the captured step (warmup and capture on first calls)")])
+        clones = [cst.parse_statement(f"{n} = {n}.clone()") for n in plan.clones]
+        if clones:
+            clones[0] = clones[0].with_changes(leading_lines=[_comment("copy outputs kept beyond this step: the next replay overwrites them")])
+
+        after = sorted(plan.after + plan.tail + list(plan.split_ifs))
+        moved_after = []
+        for i in after:
+            if i in plan.split_ifs:
+                host = [stmts[i].body.body[k] for k in plan.split_ifs[i]]
+                moved_after.append(stmts[i].with_changes(body=stmts[i].body.with_changes(body=host)))
+            else:
+                moved_after.append(stmts[i])
+        body = (
+            stmts[: plan.first]
+            + [stmts[i] for i in plan.before]
+            + [call_stmt]
+            + clones
+            + moved_after
+            + stmts[plan.last + 1:]
+        )
+        return updated.with_changes(body=updated.body.with_changes(body=body))
+
+    @staticmethod
+    def _captured(plan: Plan, index: int, stmt: cst.BaseStatement) -> cst.BaseStatement:
+        host = plan.split_ifs.get(index)
+        if not host:
+            return stmt
+        kept = [s for k, s in enumerate(stmt.body.body) if k not in host]
+        return stmt.with_changes(body=stmt.body.with_changes(body=kept))
+
+    # ---- where step functions and the helper go ----------------------------------------------------
+
+    def _insert_defs(self, original_children, updated_children):
+        out = []
+        for orig, upd in zip(original_children, updated_children):
+            out.extend(self.defs.pop(id(orig), []))
+            out.append(upd)
+        return out
+
+    def leave_IndentedBlock(self, original, updated):
+        if any(id(c) in self.defs for c in original.body):
+            return updated.with_changes(body=self._insert_defs(original.body, updated.body))
+        return updated
+
+    def leave_Module(self, original, updated):
+        body = list(updated.body)
+        if any(id(c) in self.defs for c in original.body):
+            body = self._insert_defs(original.body, body)
+        if self.add_helper:
+            at = _after_imports(body)
+            helper = list(cst.parse_module(runtime.SOURCE.replace(runtime.CLASS_NAME, self.helper_name)).body)
+            helper[0] = helper[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] if at else [])
+            if at < len(body):
+                nxt = body[at]
+                missing = max(0, 2 - sum(1 for l in nxt.leading_lines if l.comment is None))
+                body[at] = nxt.with_changes(leading_lines=[cst.EmptyLine()] * missing + list(nxt.leading_lines))
+            body[at:at] = helper
+        return updated.with_changes(body=body)
+
+
+def _after_imports(body) -> int:
+    """Index after the module docstring and the leading imports."""
+    at = 0
+    for i, stmt in enumerate(body):
+        if isinstance(stmt, cst.SimpleStatementLine) and all(
+            isinstance(s, (cst.Import, cst.ImportFrom)) or (isinstance(s, cst.Expr) and isinstance(s.value, cst.SimpleString) and i == 0)
+            for s in stmt.body
+        ):
+            at = i + 1
+        elif isinstance(stmt, cst.Try) and all(
+            isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, (cst.Import, cst.ImportFrom)) for x in s.body)
+            for s in stmt.body.body
+        ):
+            at = i + 1
+        else:
+            break
+    return at

@@ -1,0 +1,311 @@
+"""How one loop is rewritten: which statements become the captured step, what moves around it.
+
+The loop body splits into: statements before the step (kept, eager), the step (from the first
+model call to the last backward/optimizer step), and statements after it (kept, eager). Inside the
+step, host-only statements (logging, `.item()` reads, LR updates) move out, before or after the
+call; `GradScaler.step/update` and what follows stay eager after the call; host conditions such as
+`(i + 1) % accum == 0` become the key that picks one graph per branch outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from graphify.analysis.discovery import Loop, is_backward, is_model_call, is_step_op, method_call
+from graphify.analysis.engine import LoopAnalysis, removable
+from graphify.analysis.values import OPTIMIZER, SCALER, Env
+from graphify.model import Verdict
+from graphify.rewrite.statements import contains, does_gpu_work, names_read, names_written, walk
+
+# Breakers the rewrite fixes where they stand, inside the captured step.
+FIXED_IN_PLACE = {"GFY401", "GFY251", "GFY422", "GFY501", "GFY411", "GFY412"}
+_SHAPE_METHODS = {"size", "dim", "numel"}
+
+
+class Refusal(Exception):
+    pass
+
+
+@dataclass
+class Plan:
+    loop: Loop
+    kind: str
+    first: int  # body index of the first statement of the step
+    last: int  # body index of the last statement of the step (inclusive)
+    graph: list[int] = field(default_factory=list)  # body indexes captured
+    before: list[int] = field(default_factory=list)  # step statements moved before the call
+    after: list[int] = field(default_factory=list)  # step statements moved after the call
+    split_ifs: dict[int, list[int]] = field(default_factory=dict)  # keyed if -> host statements of its body, run after
+    tail: list[int] = field(default_factory=list)  # eager statements after the call (GradScaler)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    clones: list[str] = field(default_factory=list)
+    optimizers: list[cst.BaseExpression] = field(default_factory=list)
+    keys: list[int] = field(default_factory=list)  # body indexes of keyed ifs
+    autocast_calls: list[cst.Call] = field(default_factory=list)
+    zero_grads: list[cst.Call] = field(default_factory=list)
+
+
+def body_of(loop: Loop) -> list[cst.BaseStatement]:
+    body = loop.node.body
+    return list(body.body) if isinstance(body, cst.IndentedBlock) else []
+
+
+def make_plan(analysis: LoopAnalysis, enclosing: cst.CSTNode) -> Plan:
+    """`enclosing` is the function (or module) that holds the loop."""
+    loop = analysis.loop
+    if analysis.verdict == Verdict.NOT_CAPTURABLE:
+        raise Refusal("not capturable: " + ", ".join(analysis.reasons))
+    if loop.node.orelse is not None:
+        raise Refusal("loops with an `else:` clause are not rewritten")
+    body = body_of(loop)
+    env = loop.region.body_block.env
+    if loop.kind == "train":
+        anchors = [i for i, s in enumerate(body) if any(isinstance(n, cst.Call) and is_step_op(n, env) for n in walk(s))]
+    else:
+        anchors = [i for i, s in enumerate(body) if any(isinstance(n, cst.Call) and is_model_call(n, env) for n in walk(s))]
+    starts = [i for i, s in enumerate(body) if any(isinstance(n, cst.Call) and is_model_call(n, env) for n in walk(s))]
+    if not anchors or not starts:
+        raise Refusal("the step is not in the loop body itself (it runs in a called function)")
+    plan = Plan(loop, loop.kind, first=min(starts[0], anchors[0]), last=anchors[-1])
+    _split_step(plan, body, env)
+    _check_breakers(plan, analysis, body)
+    _find_inputs_outputs(plan, body, env, enclosing)
+    return plan
+
+
+def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
+    span = list(range(plan.first, plan.last + 1))
+    # GradScaler.step/update (and unscaling, clipping between them) run eagerly after the replay.
+    for i in span:
+        if any(_is_scaler_call(n, env) for n in walk(body[i])):
+            if not any(isinstance(n, cst.Call) and is_backward(n, env) for j in span if j < i for n in walk(body[j])):
+                raise Refusal("GradScaler step comes before the backward pass")
+            plan.tail = [j for j in span if j >= i]
+            span = [j for j in span if j < i]
+            break
+    graph_writes: set[str] = set()
+    for pos, i in enumerate(span):
+        stmt = body[i]
+        if does_gpu_work(stmt, env):
+            plan.graph.append(i)
+            graph_writes |= names_written(stmt)
+            if isinstance(stmt, cst.If):
+                _plan_keyed_if(plan, i, stmt, env)
+            continue
+        later_reads = set().union(*(names_read(body[j]) for j in span[pos + 1:])) if pos + 1 < len(span) else set()
+        writes = names_written(stmt)
+        if writes & later_reads:
+            if _has_side_effects(stmt, env):
+                raise Refusal(f"line {_line(plan, stmt)}: host statement feeds the step and has side effects")
+            plan.graph.append(i)  # a host value the step needs (a shape, a constant): computed once at capture
+            graph_writes |= writes
+        elif names_read(stmt) & graph_writes or not _sets_lr(stmt):
+            plan.after.append(i)
+        else:
+            plan.before.append(i)
+    if not any(isinstance(n, cst.Call) and (is_step_op(n, env) or is_model_call(n, env)) for i in plan.graph for n in walk(body[i])):
+        raise Refusal("nothing left to capture")
+    for i in plan.graph:
+        for n in walk(body[i]):
+            if isinstance(n, cst.WithItem) and (env.qualify(n.item.func) if isinstance(n.item, cst.Call) else "") :
+                if (env.qualify(n.item.func) or "").endswith("autocast"):
+                    plan.autocast_calls.append(n.item)
+            m = method_call(n)
+            if plan.keys and m is not None and m[1] == "zero_grad":
+                plan.zero_grads.append(n)
+            if isinstance(n, cst.Call) and is_step_op(n, env) and m is not None and m[1] == "step":
+                if env.kind_of(m[0]) == OPTIMIZER and not any(_same(m[0], o) for o in plan.optimizers):
+                    plan.optimizers.append(m[0])
+
+
+def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env) -> None:
+    if env._tensor(stmt.test, 0) is True:
+        return
+    if stmt.orelse is not None:
+        raise Refusal(f"line {_line(plan, stmt)}: a host branch with `else` inside the step")
+    if not isinstance(stmt.body, cst.IndentedBlock):
+        raise Refusal(f"line {_line(plan, stmt)}: one-line host branch inside the step")
+    plan.keys.append(index)
+    host = [k for k, s in enumerate(stmt.body.body) if not does_gpu_work(s, env)]
+    if host:
+        plan.split_ifs[index] = host
+
+
+def _is_scaler_call(node: cst.CSTNode, env: Env) -> bool:
+    m = method_call(node)
+    return m is not None and m[1] in ("step", "update", "unscale_") and env.kind_of(m[0]) == SCALER
+
+
+def _sets_lr(stmt: cst.CSTNode) -> bool:
+    for n in walk(stmt):
+        if isinstance(n, cst.SimpleString) and n.value.strip("'\"") == "lr":
+            return True
+    return False
+
+
+def _has_side_effects(stmt: cst.CSTNode, env: Env) -> bool:
+    return any(isinstance(n, cst.Call) and not _is_shape_read(n) for n in walk(stmt))
+
+
+def _is_shape_read(call: cst.Call) -> bool:
+    m = method_call(call)
+    return (m is not None and m[1] in _SHAPE_METHODS) or (isinstance(call.func, cst.Name) and call.func.value in ("len", "int", "float", "min", "max"))
+
+
+def _same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    return a.deep_equals(b)
+
+
+def _line(plan: Plan, node: cst.CSTNode) -> int:
+    try:
+        return plan.loop.module.position(node).start.line
+    except KeyError:
+        return plan.loop.module.position(plan.loop.node).start.line
+
+
+def _check_breakers(plan: Plan, analysis: LoopAnalysis, body: list[cst.BaseStatement]) -> None:
+    captured = [body[i] for i in plan.graph]
+    for f in analysis.findings:
+        if f.rule.code in FIXED_IN_PLACE:
+            continue
+        if not removable(f):
+            raise Refusal(f"{f.rule.code} at line {f.module.position(f.node).start.line}")
+        in_graph = [s for s in captured if contains(s, f.node)]
+        if not in_graph:
+            if f.module is not plan.loop.module or not any(contains(s, f.node) for s in body):
+                raise Refusal(f"{f.rule.code} at line {f.module.position(f.node).start.line} is inside a function the step calls")
+            continue
+        stmt = in_graph[0]
+        index = body.index(stmt)
+        moved = plan.split_ifs.get(index, [])
+        if not any(contains(stmt.body.body[k], f.node) for k in moved) if index in plan.split_ifs else True:
+            raise Refusal(f"{f.rule.code} at line {f.module.position(f.node).start.line} would stay inside the captured step")
+
+
+def _find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enclosing: cst.CSTNode) -> None:
+    graph_stmts = [body[i] for i in plan.graph]
+    written = set().union(*(names_written(s) for s in graph_stmts))
+    read = set().union(*(names_read(s) for s in graph_stmts))
+    for index, host in plan.split_ifs.items():  # host statements of keyed ifs leave the step
+        stmt = body[index]
+        kept = [s for k, s in enumerate(stmt.body.body) if k not in host]
+        written -= set().union(*(names_written(s) for s in (stmt.body.body[k] for k in host)))
+        written |= set().union(*(names_written(s) for s in kept))
+    per_iteration = set()
+    if isinstance(plan.loop.node, cst.For):
+        per_iteration |= names_written(cst.Assign([cst.AssignTarget(plan.loop.node.target)], cst.Name("_")))
+    for i in range(plan.first):
+        per_iteration |= names_written(body[i])
+    for i in plan.before:
+        per_iteration |= names_written(body[i])
+    outside = _names_read_outside(enclosing, set(map(id, graph_stmts)))
+    defined_outside = names_written(enclosing) - written | per_iteration
+    inputs = []
+    for name in sorted(read):
+        if name in per_iteration or (name in written and name in defined_outside):
+            if env.is_host(cst.Name(name)) and not _is_shape_value(name, body, env):
+                if not _only_in_keys(name, plan, body):
+                    raise Refusal(f"the step reads per-step host value `{name}`, which capture would freeze")
+                continue
+            inputs.append(name)
+    plan.inputs = _in_source_order(inputs, graph_stmts)
+    plan.outputs = _in_source_order([n for n in written if n in outside], graph_stmts)
+    after_loop = _names_read_outside(enclosing, {id(plan.loop.node)})
+    plan.clones = [n for n in plan.outputs if n in after_loop or _kept_in_loop(n, body, plan)]
+
+
+def _names_read_outside(root: cst.CSTNode, excluded: set[int]) -> set[str]:
+    found: set[str] = set()
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if id(n) in excluded:
+            continue
+        if isinstance(n, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and not isinstance(n, (cst.For, cst.While, cst.If, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef)):
+            found |= names_read(n)
+            continue
+        if isinstance(n, (cst.For, cst.While, cst.If, cst.With)):
+            header = n.iter if isinstance(n, cst.For) else n.test if isinstance(n, (cst.While, cst.If)) else None
+            if header is not None:
+                found |= names_read(header)
+            if isinstance(n, cst.With):
+                for item in n.items:
+                    found |= names_read(item.item)
+        stack.extend(n.children)
+    return found
+
+
+def _is_shape_value(name: str, body, env: Env) -> bool:
+    """`n = x.size(0)`: fixed while shapes are fixed, so capture may freeze it."""
+    values = [v for s in body for n in walk(s) if isinstance(n, cst.Assign)
+              for t in n.targets if isinstance(t.target, cst.Name) and t.target.value == name for v in [n.value]]
+    return bool(values) and all(
+        any((isinstance(n, cst.Attribute) and n.attr.value == "shape") or (isinstance(n, cst.Call) and _is_shape_read(n) and method_call(n) is not None)
+            or (isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == "len") for n in walk(v))
+        for v in values
+    )
+
+
+def _only_in_keys(name: str, plan: Plan, body) -> bool:
+    for i in plan.graph:
+        stmt = body[i]
+        if i in plan.keys:
+            reads = set().union(*(names_read(s) for s in stmt.body.body)) if isinstance(stmt.body, cst.IndentedBlock) else set()
+            if name in reads:
+                return False
+        elif name in names_read(stmt):
+            return False
+    return True
+
+
+def _in_source_order(names, stmts) -> list[str]:
+    order: dict[str, int] = {}
+    for s in stmts:
+        for n in walk(s):
+            if isinstance(n, cst.Name) and n.value in names and n.value not in order:
+                order[n.value] = len(order)
+    return sorted(names, key=lambda n: order.get(n, len(order)))
+
+
+_HOST_READ_CHAIN = {"item", "tolist", "detach", "cpu", "numpy", "float", "double"}
+
+
+def _kept_in_loop(name: str, body, plan: Plan) -> bool:
+    """An output read after the step only through `.item()`, `float()` or formatting needs no copy;
+    anything that keeps the tensor (a list, a best-so-far, the next iteration) does, since the next
+    replay overwrites it."""
+    return any(not ok for i in range(len(body)) if i not in plan.graph for ok, _ in _uses(body[i], name))
+
+
+def _uses(stmt: cst.CSTNode, name: str):
+    def visit(n, parents):
+        if isinstance(n, cst.Name) and n.value == name:
+            yield _is_host_read_use(parents), n
+            return
+        if isinstance(n, (cst.FunctionDef, cst.ClassDef)):
+            return
+        for c in n.children:
+            yield from visit(c, parents + (n,))
+
+    yield from visit(stmt, ())
+
+
+def _is_host_read_use(parents) -> bool:
+    for p in reversed(parents):
+        if isinstance(p, cst.Attribute):
+            if p.attr.value not in _HOST_READ_CHAIN:
+                return False
+            if p.attr.value in ("item", "tolist", "numpy"):
+                return True
+            continue
+        if isinstance(p, cst.Call):
+            if isinstance(p.func, cst.Name) and p.func.value in ("float", "int", "print", "str"):
+                return True
+            continue
+        if isinstance(p, (cst.FormattedStringExpression, cst.Arg)):
+            return isinstance(p, cst.FormattedStringExpression)
+        return False
+    return False

@@ -1,0 +1,132 @@
+'''The helper class that `graphify rewrite` adds to a rewritten file, once.
+
+It is kept here as source text, because it becomes the user's code: plain PyTorch with no import of
+graphify. `tests/test_rewrite_runtime.py` executes it.
+'''
+
+CLASS_NAME = "CapturedStep"
+
+SOURCE = '''
+
+class CapturedStep:
+    """Runs one training (or inference) step from a CUDA graph.
+
+    For every distinct `key` (host-side branch outcomes such as "optimizer steps this time"), the first
+    `warmup` calls on CUDA run eagerly on a side stream; the next call copies its inputs into static
+    buffers, captures the step and replays it; later calls copy their inputs in and replay. A call whose
+    inputs differ in shape, dtype or device from the captured ones, every call without CUDA inputs, and
+    a call after a float learning rate changed on an optimizer that cannot read a tensor one, run the
+    step eagerly. A replay returns the graph's static outputs, overwritten by the next replay.
+    """
+
+    def __init__(self, step, optimizers=(), warmup=3):
+        self.step = step
+        self.optimizers = optimizers
+        self.warmup = warmup
+        self.graphs = {}  # key -> (graph, static inputs, static outputs)
+        self.eager_runs = {}  # key -> eager calls so far
+        self.pool = None  # all graphs of this step share one memory pool
+        self.stream = None
+        self.lr_tensors = []  # (param group, device tensor) refreshed from the float lr before each replay
+        self.frozen_lrs = []  # (param group, lr at capture) for optimizers that read a float lr
+
+    def __call__(self, *inputs, key=()):
+        tensors = self._tensors(inputs)
+        if not tensors or not all(t.is_cuda for t in tensors):
+            return self.step(*inputs)
+        captured = self.graphs.get(key)
+        if captured is not None:
+            graph, static_inputs, static_outputs = captured
+            if self._same_layout(static_inputs, inputs) and all(g["lr"] == lr for g, lr in self.frozen_lrs):
+                self._copy_into(static_inputs, inputs)
+                for group, lr in self.lr_tensors:
+                    lr.fill_(group["lr"])
+                graph.replay()
+                return static_outputs
+            return self.step(*inputs)
+        if self.stream is None:
+            self._make_optimizers_capturable()
+            self.stream = torch.cuda.Stream()
+        runs = self.eager_runs.get(key, 0)
+        if runs < self.warmup:
+            # Warmup steps are real steps on real batches, on a side stream as capture requires.
+            self.eager_runs[key] = runs + 1
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                outputs = self.step(*inputs)
+            torch.cuda.current_stream().wait_stream(self.stream)
+            return outputs
+        return self._capture_and_replay(key, inputs)
+
+    def _capture_and_replay(self, key, inputs):
+        static_inputs = self._clone(inputs)
+        swapped = self._use_tensor_lrs()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                static_outputs = self.step(*static_inputs)
+        finally:
+            for group, lr in swapped:
+                group["lr"] = lr
+        self.pool = graph.pool()
+        self.graphs[key] = (graph, static_inputs, static_outputs)
+        graph.replay()  # capture records the step without running it: this replay trains on the batch
+        return static_outputs
+
+    def _make_optimizers_capturable(self):
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                if group.get("capturable") is False and not group.get("fused"):
+                    group["capturable"] = True
+                    for p in group["params"]:
+                        state = optimizer.state.get(p, {})
+                        if torch.is_tensor(state.get("step")) and state["step"].device != p.device:
+                            state["step"] = state["step"].to(p.device, torch.float32)
+
+    def _use_tensor_lrs(self):
+        """During capture, optimizers that support it read the learning rate from a device tensor."""
+        swapped = []
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                if "capturable" in group and not torch.is_tensor(group["lr"]):
+                    lr = torch.tensor(group["lr"], dtype=torch.float32, device=group["params"][0].device)
+                    self.lr_tensors.append((group, lr))
+                    swapped.append((group, group["lr"]))
+                    group["lr"] = lr
+                elif not torch.is_tensor(group["lr"]):
+                    self.frozen_lrs.append((group, group["lr"]))
+        return swapped
+
+    @staticmethod
+    def _tensors(value):
+        if torch.is_tensor(value):
+            return [value]
+        if isinstance(value, (list, tuple)):
+            return [t for v in value for t in CapturedStep._tensors(v)]
+        if isinstance(value, dict):
+            return [t for v in value.values() for t in CapturedStep._tensors(v)]
+        return []
+
+    @staticmethod
+    def _same_layout(static, new):
+        a, b = CapturedStep._tensors(static), CapturedStep._tensors(new)
+        return len(a) == len(b) and all(
+            s.shape == n.shape and s.dtype == n.dtype and s.device == n.device and s.stride() == n.stride()
+            for s, n in zip(a, b)
+        )
+
+    @staticmethod
+    def _copy_into(static, new):
+        for s, n in zip(CapturedStep._tensors(static), CapturedStep._tensors(new)):
+            s.copy_(n, non_blocking=True)
+
+    @staticmethod
+    def _clone(value):
+        if torch.is_tensor(value):
+            return value.clone()
+        if isinstance(value, (list, tuple)):
+            return type(value)(CapturedStep._clone(v) for v in value)
+        if isinstance(value, dict):
+            return {k: CapturedStep._clone(v) for k, v in value.items()}
+        return value
+'''

@@ -1,0 +1,141 @@
+"""Statement-level facts the rewriter needs: names read and written, GPU work versus host work."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+
+from graphify.analysis.checker import is_logging_call
+from graphify.analysis.discovery import is_model_call, is_step_op, method_call
+from graphify.analysis.values import MODEL, OPTIMIZER, SCALER, Env, is_torch_tensor_call
+
+_NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+HOST_READS = {"item", "tolist", "numpy", "cpu"}
+
+
+def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        if not isinstance(n, _NESTED) or n is node:
+            stack.extend(reversed(n.children))
+
+
+def names_written(node: cst.CSTNode) -> set[str]:
+    out: set[str] = set()
+
+    def targets(t: cst.BaseExpression) -> None:
+        if isinstance(t, cst.Name):
+            out.add(t.value)
+        elif isinstance(t, (cst.Tuple, cst.List)):
+            for el in t.elements:
+                targets(el.value)
+        elif isinstance(t, cst.StarredElement):
+            targets(t.value)
+
+    for n in walk(node):
+        if isinstance(n, cst.Assign):
+            for t in n.targets:
+                targets(t.target)
+        elif isinstance(n, (cst.AugAssign, cst.AnnAssign)):
+            targets(n.target)
+        elif isinstance(n, cst.For):
+            targets(n.target)
+        elif isinstance(n, cst.AsName):
+            targets(n.name)
+        elif isinstance(n, cst.NamedExpr):
+            targets(n.target)
+    return out
+
+
+def names_read(node: cst.CSTNode) -> set[str]:
+    out: set[str] = set()
+
+    def visit(n: cst.CSTNode) -> None:
+        if isinstance(n, cst.Name):
+            out.add(n.value)
+        elif isinstance(n, cst.Attribute):
+            visit(n.value)
+        elif isinstance(n, cst.Arg):
+            visit(n.value)
+        elif isinstance(n, cst.Assign):
+            for t in n.targets:
+                visit_target(t.target)
+            visit(n.value)
+        elif isinstance(n, cst.AnnAssign):
+            visit_target(n.target)
+            if n.value is not None:
+                visit(n.value)
+        elif isinstance(n, cst.CompFor):
+            visit(n.iter)
+            for cond in n.ifs:
+                visit(cond)
+            if n.inner_for_in is not None:
+                visit(n.inner_for_in)
+        elif isinstance(n, cst.AsName):
+            return
+        elif isinstance(n, _NESTED):
+            return
+        else:
+            for c in n.children:
+                visit(c)
+
+    def visit_target(t: cst.CSTNode) -> None:
+        if isinstance(t, (cst.Tuple, cst.List)):
+            for el in t.elements:
+                visit_target(el.value)
+        elif isinstance(t, cst.Attribute):
+            visit(t.value)
+        elif isinstance(t, cst.Subscript):
+            visit(t.value)
+            for s in t.slice:
+                visit(s)
+        elif isinstance(t, cst.StarredElement):
+            visit_target(t.value)
+
+    visit(node)
+    return out
+
+
+def is_host_read_call(call: cst.Call, env: Env) -> bool:
+    m = method_call(call)
+    if m is not None and m[1] in HOST_READS:
+        return True
+    if isinstance(call.func, cst.Name) and call.func.value in ("float", "int", "bool", "str", "repr"):
+        return True
+    return is_logging_call(call, env)
+
+
+def does_gpu_work(node: cst.CSTNode, env: Env) -> bool:
+    """Whether a statement launches GPU work (beyond reading results back to the host)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, _NESTED) and n is not node:
+            continue
+        if isinstance(n, cst.Call):
+            if is_host_read_call(n, env):
+                continue
+            if is_model_call(n, env) or is_step_op(n, env) or is_torch_tensor_call(env.qualify(n.func)) or env.is_tensor(n):
+                return True
+            m = method_call(n)
+            if m is not None:
+                kind = env.kind_of(m[0])
+                if m[1] == "zero_grad" and kind in (OPTIMIZER, MODEL):
+                    return True
+                if kind == SCALER and m[1] in ("scale", "unscale_"):
+                    return True
+                if env.is_tensor(m[0]):
+                    return True
+        elif isinstance(n, cst.BinaryOperation) and (env.is_tensor(n.left) or env.is_tensor(n.right)):
+            return True
+        elif isinstance(n, (cst.AugAssign,)) and (env.is_tensor(n.target) or env.is_tensor(n.value)):
+            return True
+        stack.extend(n.children)
+    return False
+
+
+def contains(root: cst.CSTNode, node: cst.CSTNode) -> bool:
+    return any(n is node for n in walk(root))
