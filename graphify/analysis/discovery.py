@@ -183,8 +183,53 @@ class ModuleAnalysis:
         if isinstance(node, cst.For):
             seed_loop_target(node.target, node.iter, env, seeds)
         stmts = [func.node] if func.node is not None else list(self.module.tree.body)
+        self._bind_from_call_site(func, env, seeds)
         env.infer(seeds, stmts)
         return env
+
+    def _bind_from_call_site(self, func: FunctionInfo, env: Env, seeds: dict[str, bool]) -> None:
+        """Parameters of the loop's function take their meaning from a call site in the module
+        (`train(model, loader, optimizer)` called from `main()`), so constructions can be found."""
+        if func.node is None:
+            return
+        site = self.call_sites().get(func.node.name.value)
+        if site is None:
+            return
+        call, caller = site
+        caller_env = caller.new_env()
+        caller_env.module, caller_env.func, caller_env.resolver = self.module, caller, self.module.program
+        params = func.params[1:] if func.cls is not None else func.params
+        for i, arg in enumerate(call.args):
+            if arg.star:
+                continue
+            name = arg.keyword.value if arg.keyword is not None else (params[i] if i < len(params) else None)
+            if name is not None and name not in seeds:
+                env.bound[name] = (caller_env, arg.value)
+
+    def call_sites(self) -> dict[str, tuple[cst.Call, FunctionInfo]]:
+        """First call of each module-level function or `self.` method, with the calling function."""
+        if hasattr(self, "_call_sites"):
+            return self._call_sites
+        sites: dict[str, tuple[cst.Call, FunctionInfo]] = {}
+
+        def visit(node, func_node, cls):
+            for child in _children(node):
+                if isinstance(child, cst.FunctionDef):
+                    visit(child, child, cls)
+                elif isinstance(child, cst.ClassDef):
+                    visit(child, None, child)
+                else:
+                    if isinstance(child, cst.Call):
+                        f = child.func
+                        name = f.value if isinstance(f, cst.Name) else f.attr.value if (
+                            isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.value.value == "self") else None
+                        if name and name not in sites:
+                            sites[name] = (child, self.module.function_info(func_node, cls if func_node is not None else None))
+                    visit(child, func_node, cls)
+
+        visit(self.module.tree, None, None)
+        self._call_sites = sites
+        return sites
 
     def callee(self, call: cst.Call, env: Env) -> tuple[FunctionInfo, bool] | None:
         """The analysed function a call runs, and whether it is a bound method (first parameter is self)."""
@@ -263,16 +308,18 @@ class ModuleAnalysis:
     # ---- walking ----------------------------------------------------------------------------
 
     def _walk(self, block: Block, root: cst.CSTNode, skip_nested, follow: bool, visited: set[int], depth: int = 0):
-        """Yield (node, Site) for everything one iteration runs, following calls into analysed functions."""
+        """Yield (node, Site) for everything one iteration of the loop `root` runs (or, in a called
+        function's block, one statement `root` of it), following calls into analysed functions."""
+        loop = root if block.call is None else None
         stack: list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] = [(root, ())]
         pending: list[Block] = []
         while stack:
             node, ancestors = stack.pop()
             if isinstance(node, _SKIP) and ancestors:
                 continue
-            if isinstance(node, LOOPS) and node is not root and skip_nested(node, block, ancestors):
+            if isinstance(node, LOOPS) and node is not loop and skip_nested(node, block, ancestors):
                 continue
-            if node is not root or block.call is not None:
+            if node is not loop:
                 yield node, Site(block, ancestors)
             if follow and isinstance(node, cst.Call) and depth < MAX_CALL_DEPTH and not self._in_periodic_branch(ancestors, block):
                 callee = self._callee_block(node, block)
@@ -281,7 +328,7 @@ class ModuleAnalysis:
                     pending.append(callee)
             child_ancestors = ancestors + (node,)
             kids = _children(node)
-            if isinstance(node, cst.For) and node is root:
+            if isinstance(node, cst.For) and node is loop:
                 kids = [node.body]  # the iterable is evaluated once, before the loop
             stack.extend((k, child_ancestors) for k in reversed(kids))
         for callee in pending:
