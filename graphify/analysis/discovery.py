@@ -28,6 +28,7 @@ class Block:
     env: Env
     stmts: list[cst.CSTNode]
     call: cst.Call | None = None  # the call that entered this function; None for the loop body
+    parent: "Block | None" = None  # the block holding that call
 
     @property
     def module(self) -> ModuleInfo:
@@ -54,6 +55,13 @@ class Region:
     @property
     def body_block(self) -> Block:
         return self.blocks[0]
+
+    def body_call_of(self, site: Site) -> cst.Call | None:
+        """For a node inside a called function, the call in the loop body that leads to it."""
+        block = site.block
+        while block.parent is not None and block.parent is not self.body_block:
+            block = block.parent
+        return block.call if block.parent is self.body_block else None
 
 
 @dataclass
@@ -303,7 +311,7 @@ class ModuleAnalysis:
             if verdict is not None:
                 seeds[name] = verdict
         env.infer(seeds, [info.node])
-        return Block(info, env, list(info.node.body.body), call)
+        return Block(info, env, list(info.node.body.body), call, caller)
 
     # ---- walking ----------------------------------------------------------------------------
 

@@ -21,7 +21,8 @@ class LoopAnalysis:
     loop: Loop
     findings: list[Finding] = field(default_factory=list)  # after settings and suppressions
     verdict: Verdict = Verdict.CAPTURABLE
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # rule codes, or why the rewrite cannot capture it
+    plan: object = None  # the rewrite plan, when the loop can be captured
 
 
 @dataclass
@@ -69,6 +70,8 @@ def analyze_module(source: str, path: str, settings, program: Program | None = N
                     continue
                 analysis.findings.append(finding)
         _decide(analysis)
+        if analysis.verdict != Verdict.NOT_CAPTURABLE:
+            _confirm_rewrite(analysis, module)
         results.append(analysis)
         _report_loop(analysis, path, report)
     return ModuleResult(module, results, report)
@@ -86,6 +89,18 @@ def _decide(analysis: LoopAnalysis) -> None:
         analysis.verdict = Verdict.AFTER_REWRITE
     else:
         analysis.verdict = Verdict.CAPTURABLE
+
+
+def _confirm_rewrite(analysis: LoopAnalysis, module: ModuleInfo) -> None:
+    """A loop is only called capturable if `graphify rewrite` can really capture it."""
+    from graphify.rewrite.plan import Refusal, make_plan
+
+    loop = analysis.loop
+    try:
+        analysis.plan = make_plan(analysis, loop.func.node if loop.func.node is not None else module.tree)
+    except Refusal as refusal:
+        analysis.verdict = Verdict.NOT_CAPTURABLE
+        analysis.reasons = [refusal.reason]
 
 
 def _report_loop(analysis: LoopAnalysis, path: str, report: Report) -> None:

@@ -156,6 +156,7 @@ class Env:
     module: object = None  # ModuleInfo, for resolving calls into analysed functions
     func: object = None  # FunctionInfo of this body
     resolver: object = None
+    gpu_calls: set[int] = field(default_factory=set)  # calls known to run a step or model (set by the rewriter)
 
     def values_of(self, name: str) -> list[cst.BaseExpression]:
         if name.startswith("self.") and self.class_scope is not None:

@@ -10,7 +10,6 @@ from graphify.analysis.engine import analyze_module
 from graphify.model import FileError, Verdict
 from graphify.rewrite import runtime
 from graphify.rewrite.emit import Emission, Rewriter, fresh_name
-from graphify.rewrite.plan import Refusal, make_plan
 
 
 @dataclass
@@ -72,11 +71,8 @@ def rewrite_source(source: str, path: str, settings=None) -> RewriteResult:
         line = loop.module.position(loop.node).start.line
         outcome = LoopOutcome(path, line, loop.kind, loop.func.qualname, analysis.verdict, False, list(analysis.reasons))
         out.outcomes.append(outcome)
-        enclosing = loop.func.node if loop.func.node is not None else tree
-        try:
-            plan = make_plan(analysis, enclosing)
-        except Refusal as refusal:
-            outcome.reasons = [str(refusal)]
+        plan = analysis.plan
+        if plan is None:
             continue
         anchor = next((a for a in loop.ancestors if isinstance(a, (cst.For, cst.While)) and _same_function(a, loop)), loop.node)
         step_name = fresh_name("train_step" if loop.kind == "train" else "inference_step", taken)

@@ -93,6 +93,8 @@ class Rewriter(cst.CSTTransformer):
         )
         optimizers = ", ".join(_EMPTY.code_for_node(o) for o in plan.optimizers)
         opt_arg = f", optimizers=({optimizers},)" if optimizers else ""
+        if plan.device is not None:
+            opt_arg += f", device={_EMPTY.code_for_node(plan.device)}"
         wrap = cst.parse_statement(f"{emission.step_name} = {self.helper_name}({emission.step_name}{opt_arg})")
         self.defs.setdefault(id(emission.anchor), []).extend([step_def, wrap])
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from graphify.analysis.checker import kwarg
 from graphify.analysis.discovery import Loop, is_backward, is_model_call, is_step_op, method_call
 from graphify.analysis.engine import LoopAnalysis, removable
+from graphify.analysis.names import dotted
 from graphify.analysis.values import OPTIMIZER, SCALER, Env
 from graphify.model import Verdict
 from graphify.rewrite.statements import contains, does_gpu_work, names_read, names_written, walk
@@ -25,7 +27,11 @@ _SHAPE_METHODS = {"size", "dim", "numel"}
 
 
 class Refusal(Exception):
-    pass
+    @property
+    def reason(self) -> str:
+        """The rule code behind the refusal when there is one, else the explanation."""
+        text = str(self)
+        return text.split(" ", 1)[0] if text.startswith("GFY") else text
 
 
 @dataclass
@@ -44,6 +50,7 @@ class Plan:
     clones: list[str] = field(default_factory=list)
     optimizers: list[cst.BaseExpression] = field(default_factory=list)
     keys: list[int] = field(default_factory=list)  # body indexes of keyed ifs
+    device: cst.BaseExpression | None = None  # where host inputs go, for `.to(device)` inside the step
     autocast_calls: list[cst.Call] = field(default_factory=list)
     zero_grads: list[cst.Call] = field(default_factory=list)
 
@@ -56,24 +63,45 @@ def body_of(loop: Loop) -> list[cst.BaseStatement]:
 def make_plan(analysis: LoopAnalysis, enclosing: cst.CSTNode) -> Plan:
     """`enclosing` is the function (or module) that holds the loop."""
     loop = analysis.loop
-    if analysis.verdict == Verdict.NOT_CAPTURABLE:
-        raise Refusal("not capturable: " + ", ".join(analysis.reasons))
     if loop.node.orelse is not None:
         raise Refusal("loops with an `else:` clause are not rewritten")
     body = body_of(loop)
     env = loop.region.body_block.env
+    step_calls, model_calls = _calls_into_step(loop)
+    env.gpu_calls = step_calls | model_calls
+
+    def holds(stmt, test, via):
+        return any(isinstance(n, cst.Call) and (test(n, env) or id(n) in via) for n in walk(stmt))
+
     if loop.kind == "train":
-        anchors = [i for i, s in enumerate(body) if any(isinstance(n, cst.Call) and is_step_op(n, env) for n in walk(s))]
+        anchors = [i for i, s in enumerate(body) if holds(s, is_step_op, step_calls)]
     else:
-        anchors = [i for i, s in enumerate(body) if any(isinstance(n, cst.Call) and is_model_call(n, env) for n in walk(s))]
-    starts = [i for i, s in enumerate(body) if any(isinstance(n, cst.Call) and is_model_call(n, env) for n in walk(s))]
+        anchors = [i for i, s in enumerate(body) if holds(s, is_model_call, model_calls)]
+    starts = [i for i, s in enumerate(body) if holds(s, is_model_call, model_calls | step_calls)]
     if not anchors or not starts:
-        raise Refusal("the step is not in the loop body itself (it runs in a called function)")
+        raise Refusal("the step is not in the loop body")
     plan = Plan(loop, loop.kind, first=min(starts[0], anchors[0]), last=anchors[-1])
     _split_step(plan, body, env)
     _check_breakers(plan, analysis, body)
     _find_inputs_outputs(plan, body, env, enclosing)
     return plan
+
+
+def _calls_into_step(loop: Loop) -> tuple[set[int], set[int]]:
+    """Calls in the loop body that run a backward/optimizer step, or a model, inside a called function."""
+    steps, models = set(), set()
+    region = loop.region
+    for node, site in region.nodes:
+        if site.block is region.body_block or not isinstance(node, cst.Call):
+            continue
+        call = region.body_call_of(site)
+        if call is None:
+            continue
+        if is_step_op(node, site.env):
+            steps.add(id(call))
+        elif is_model_call(node, site.env):
+            models.add(id(call))
+    return steps, models
 
 
 def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
@@ -106,7 +134,8 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
             plan.after.append(i)
         else:
             plan.before.append(i)
-    if not any(isinstance(n, cst.Call) and (is_step_op(n, env) or is_model_call(n, env)) for i in plan.graph for n in walk(body[i])):
+    if not any(isinstance(n, cst.Call) and (is_step_op(n, env) or is_model_call(n, env) or id(n) in env.gpu_calls)
+               for i in plan.graph for n in walk(body[i])):
         raise Refusal("nothing left to capture")
     for i in plan.graph:
         for n in walk(body[i]):
@@ -171,6 +200,16 @@ def _check_breakers(plan: Plan, analysis: LoopAnalysis, body: list[cst.BaseState
     for f in analysis.findings:
         if f.rule.code in FIXED_IN_PLACE:
             continue
+        if f.rule.code == "GFY301" and not any(contains(body[i], f.node) for i in range(plan.first)) and not any(
+            contains(body[i], f.node) for i in plan.before
+        ):
+            # An input copied inside the step: CapturedStep moves host inputs to `device` first,
+            # which turns the copy into a no-op.
+            device = _device_in_loop_scope(plan, f.node)
+            if device is None:
+                raise Refusal(f"GFY301 at line {f.module.position(f.node).start.line}: cannot tell which device inputs go to")
+            plan.device = plan.device or device
+            continue
         if not removable(f):
             raise Refusal(f"{f.rule.code} at line {f.module.position(f.node).start.line}")
         in_graph = [s for s in captured if contains(s, f.node)]
@@ -183,6 +222,27 @@ def _check_breakers(plan: Plan, analysis: LoopAnalysis, body: list[cst.BaseState
         moved = plan.split_ifs.get(index, [])
         if not any(contains(stmt.body.body[k], f.node) for k in moved) if index in plan.split_ifs else True:
             raise Refusal(f"{f.rule.code} at line {f.module.position(f.node).start.line} would stay inside the captured step")
+
+
+def _device_in_loop_scope(plan: Plan, call: cst.Call) -> cst.BaseExpression | None:
+    region = plan.loop.region
+    site = next((st for n, st in region.nodes if n is call), None)
+    if site is None or not isinstance(call.func, cst.Attribute):
+        return None
+    if call.func.attr.value == "cuda":
+        return cst.SimpleString('"cuda"')
+    expr = kwarg(call, "device") or (call.args[0].value if call.args and call.args[0].keyword is None else None)
+    env = site.env
+    while expr is not None and env is not region.body_block.env:
+        name = dotted(expr)
+        if isinstance(expr, cst.SimpleString):
+            return expr
+        if name is not None and name.startswith("self.") and env.func.cls is not None and env.func.cls is region.body_block.func.cls:
+            return expr
+        if name is None or name not in env.bound:
+            return None
+        env, expr = env.bound[name]
+    return expr
 
 
 def _find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enclosing: cst.CSTNode) -> None:

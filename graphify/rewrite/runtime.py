@@ -16,12 +16,15 @@ class CapturedStep:
     buffers, captures the step and replays it; later calls copy their inputs in and replay. A call whose
     inputs differ in shape, dtype or device from the captured ones, every call without CUDA inputs, and
     a call after a float learning rate changed on an optimizer that cannot read a tensor one, run the
-    step eagerly. A replay returns the graph's static outputs, overwritten by the next replay.
+    step eagerly. With `device` set to a CUDA device, host tensors among the inputs are copied there
+    first, so the step's own `.to(device)` calls find them in place. A replay returns the graph's
+    static outputs, overwritten by the next replay.
     """
 
-    def __init__(self, step, optimizers=(), warmup=3):
+    def __init__(self, step, optimizers=(), device=None, warmup=3):
         self.step = step
         self.optimizers = optimizers
+        self.device = torch.device(device) if device is not None else None
         self.warmup = warmup
         self.graphs = {}  # key -> (graph, static inputs, static outputs)
         self.eager_runs = {}  # key -> eager calls so far
@@ -31,6 +34,8 @@ class CapturedStep:
         self.frozen_lrs = []  # (param group, lr at capture) for optimizers that read a float lr
 
     def __call__(self, *inputs, key=()):
+        if self.device is not None and self.device.type == "cuda":
+            inputs = self._to_device(inputs, self.device)
         tensors = self._tensors(inputs)
         if not tensors or not all(t.is_cuda for t in tensors):
             return self.step(*inputs)
@@ -119,6 +124,16 @@ class CapturedStep:
     def _copy_into(static, new):
         for s, n in zip(CapturedStep._tensors(static), CapturedStep._tensors(new)):
             s.copy_(n, non_blocking=True)
+
+    @staticmethod
+    def _to_device(value, device):
+        if torch.is_tensor(value):
+            return value.to(device, non_blocking=True)
+        if isinstance(value, (list, tuple)):
+            return type(value)(CapturedStep._to_device(v, device) for v in value)
+        if isinstance(value, dict):
+            return {k: CapturedStep._to_device(v, device) for k, v in value.items()}
+        return value
 
     @staticmethod
     def _clone(value):

@@ -116,6 +116,8 @@ def does_gpu_work(node: cst.CSTNode, env: Env) -> bool:
         if isinstance(n, _NESTED) and n is not node:
             continue
         if isinstance(n, cst.Call):
+            if id(n) in env.gpu_calls:
+                return True
             if is_host_read_call(n, env):
                 continue
             if is_model_call(n, env) or is_step_op(n, env) or is_torch_tensor_call(env.qualify(n.func)) or env.is_tensor(n):

@@ -26,7 +26,8 @@ def check(ck):
             continue
         seen.add(id(call))
         fused = is_true(kwarg(call, "fused"))
-        if name in ADAM_FAMILY and not is_true(kwarg(call, "capturable")) and not fused:
+        capturable = kwarg(call, "capturable")  # any expression but a literal False: the user decides
+        if name in ADAM_FAMILY and (capturable is None or _is_false(capturable)) and not fused:
             yield ck.finding_at(NOT_CAPTURABLE, call, module, f"`{name}` built without `capturable=True`",
                                 f"pass `capturable=True` to `{name}` (graphify rewrite sets it on the param groups before warmup)")
         elif name in NEVER_CAPTURABLE or (name == "Adagrad" and not fused):
@@ -44,6 +45,10 @@ def check(ck):
             tensor_lr = ck.optimizers_take_tensor_lr() if tensor_lr is None else tensor_lr
             yield ck.finding(LR_ASSIGNMENT, node, site, f"`{code_of(node)}` sets a float learning rate inside the step",
                              _lr_fix(tensor_lr), tensor_lr)
+
+
+def _is_false(expr) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "False"
 
 
 def _lr_fix(tensor_lr: bool) -> str:
