@@ -154,6 +154,8 @@ class ModuleAnalysis:
         for node, func, ancestors in sites:
             if id(node) in absorbed:
                 continue
+            if self._hand_captured(func, ancestors):
+                continue
             env = self._loop_env(node, func)
             if self._already_captured(node, env):
                 continue
@@ -169,6 +171,19 @@ class ModuleAnalysis:
                 region = self._region(body, node, include_nested=lambda n, b, a: not self._calls_model(n, b))
                 found.append(Loop(node, func, "inference", region, ancestors))
         return found
+
+    def _hand_captured(self, func: FunctionInfo, ancestors) -> bool:
+        """Code that already captures CUDA graphs by hand (side-stream warmup, torch.cuda.graph) is left alone."""
+        scope = func.node if func.node is not None else None
+        for a in ancestors:
+            if isinstance(a, cst.With) and any(
+                (self.module.aliases.qualify(i.item.func if isinstance(i.item, cst.Call) else i.item) or "").startswith(("torch.cuda.stream", "torch.cuda.graph"))
+                for i in a.items
+            ):
+                return True
+        if scope is None:
+            return False
+        return any(isinstance(n, cst.Attribute) and n.attr.value in ("CUDAGraph", "make_graphed_callables") for n in _iter_nodes(scope.body))
 
     @staticmethod
     def _already_captured(loop, env: Env) -> bool:

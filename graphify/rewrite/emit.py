@@ -89,7 +89,7 @@ class Rewriter(cst.CSTTransformer):
         step_def = cst.parse_statement(f"def {emission.step_name}({params}):\n    pass\n")
         step_def = step_def.with_changes(
             body=step_def.body.with_changes(body=graph_body),
-            leading_lines=[cst.EmptyLine(), _comment(f"one {'training' if plan.kind == 'train' else 'inference'} step of the loop below, replayed from a CUDA graph")],
+            leading_lines=[cst.EmptyLine(indent=False), _comment(f"one {'training' if plan.kind == 'train' else 'inference'} step of the loop below, replayed from a CUDA graph")],
         )
         optimizers = ", ".join(_EMPTY.code_for_node(o) for o in plan.optimizers)
         opt_arg = f", optimizers=({optimizers},)" if optimizers else ""

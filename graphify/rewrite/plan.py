@@ -200,9 +200,7 @@ def _check_breakers(plan: Plan, analysis: LoopAnalysis, body: list[cst.BaseState
     for f in analysis.findings:
         if f.rule.code in FIXED_IN_PLACE:
             continue
-        if f.rule.code == "GFY301" and not any(contains(body[i], f.node) for i in range(plan.first)) and not any(
-            contains(body[i], f.node) for i in plan.before
-        ):
+        if f.rule.code == "GFY301" and any(contains(body[i], _body_node_of(plan, f.node)) for i in plan.graph):
             # An input copied inside the step: CapturedStep moves host inputs to `device` first,
             # which turns the copy into a no-op.
             device = _device_in_loop_scope(plan, f.node)
@@ -212,16 +210,26 @@ def _check_breakers(plan: Plan, analysis: LoopAnalysis, body: list[cst.BaseState
             continue
         if not removable(f):
             raise Refusal(f"{f.rule.code} at line {f.module.position(f.node).start.line}")
-        in_graph = [s for s in captured if contains(s, f.node)]
+        anchor = _body_node_of(plan, f.node)
+        in_graph = [s for s in captured if contains(s, anchor)]
         if not in_graph:
-            if f.module is not plan.loop.module or not any(contains(s, f.node) for s in body):
-                raise Refusal(f"{f.rule.code} at line {f.module.position(f.node).start.line} is inside a function the step calls")
             continue
+        if anchor is not f.node:
+            raise Refusal(f"{f.rule.code} at line {f.module.position(f.node).start.line} is inside a function the step calls")
         stmt = in_graph[0]
         index = body.index(stmt)
         moved = plan.split_ifs.get(index, [])
         if not any(contains(stmt.body.body[k], f.node) for k in moved) if index in plan.split_ifs else True:
             raise Refusal(f"{f.rule.code} at line {f.module.position(f.node).start.line} would stay inside the captured step")
+
+
+def _body_node_of(plan: Plan, node: cst.CSTNode) -> cst.CSTNode:
+    """The node itself when it is in the loop body, else the body's call that leads to it."""
+    region = plan.loop.region
+    site = next((st for n, st in region.nodes if n is node), None)
+    if site is None or site.block is region.body_block:
+        return node
+    return region.body_call_of(site) or node
 
 
 def _device_in_loop_scope(plan: Plan, call: cst.Call) -> cst.BaseExpression | None:

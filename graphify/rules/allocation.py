@@ -65,7 +65,10 @@ def check(ck):
             continue
         last = qual.rsplit(".", 1)[-1]
         if last in _FROM_HOST:
-            removable = site.block is ck.region.body_block and ck.position(call) < ck.first_gpu_position
+            # Input preparation before the step (in the body, or in a helper such as get_batch() called
+            # there) stays eager; anywhere else the value would be frozen at capture.
+            at = call if site.block is ck.region.body_block else ck.region.body_call_of(site)
+            removable = at is not None and ck.position(at) < ck.first_gpu_position
             yield ck.finding(HOST_DATA, call, site, f"`{code_of(call)}` builds a tensor from host data inside the step",
                              "build per-step inputs before the step and copy them into a static buffer; create constants once before the loop",
                              removable)

@@ -4,7 +4,7 @@ import libcst as cst
 from graphify.analysis.checker import code_of, is_cpu_arg, is_device_arg, kwarg
 from graphify.analysis.discovery import method_call
 from graphify.analysis.names import dotted
-from graphify.analysis.values import DDP, LOSS, MODEL
+from graphify.analysis.values import DDP, LOSS, MODEL, collect_scope
 from graphify.rules import rule
 
 STEP_INPUT_COPY = rule("GFY301", "per-step-device-copy", "cross-device", "error", "`.to(device)`/`.cuda()` of per-step data reads a host address that replay never refreshes", True)
@@ -17,15 +17,15 @@ _HOST_FACTORIES = {"zeros", "ones", "full", "empty", "arange", "linspace", "rand
                    "eye", "zeros_like", "ones_like"}
 
 
-def _host_factory(expr, env, depth=0):
-    """A tensor factory called without `device=` (so the tensor starts on the host)."""
+def _host_factory(expr, env, step_values, depth=0):
+    """A tensor created inside the step by a factory called without `device=` (so on the host)."""
     if depth > 3:
         return False
     if isinstance(expr, cst.Call):
         qual = env.qualify(expr.func) or ""
         return qual.startswith("torch.") and qual.rsplit(".", 1)[-1] in _HOST_FACTORIES and kwarg(expr, "device") is None
     name = dotted(expr)
-    return bool(name) and any(_host_factory(v, env, depth + 1) for v in env.scope.values.get(name, []))
+    return bool(name) and any(_host_factory(v, env, step_values, depth + 1) for v in step_values.get(name, []))
 
 
 def is_device_copy(call, env) -> bool:
@@ -48,12 +48,14 @@ def is_device_copy(call, env) -> bool:
 
 
 def check(ck):
+    step_values = collect_scope(ck.loop.node.body).values
     for call, site in ck.calls():
         env = site.env
         if not is_device_copy(call, env):
             continue
         receiver = call.func.value
-        if _host_factory(receiver, env):
+        values = step_values if site.block is ck.region.body_block else site.block.env.scope.values
+        if _host_factory(receiver, env, values):
             yield ck.finding(HOST_TENSOR_COPY, call, site, f"`{code_of(call)}` creates a tensor on the host and copies it every step",
                              "create it directly on the device (`device=`), or once before the loop")
         else:

@@ -1,0 +1,282 @@
+"""Command line: `graphify check`, `graphify rules`, `graphify rule CODE` (rewrite and verify: see below).
+
+Exit codes: 0 nothing found, 1 breakers found (0 with --exit-zero), 2 usage or config error, or a
+file that could not be analysed (the other files are still analysed and reported).
+
+Start-up matters (pre-commit runs this on a handful of files): the analysis (libcst), the rule
+registry and pathspec are imported only by the code paths that need them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import click
+
+from graphify import __version__
+from graphify.reporters import FORMATS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from graphify.config import Settings
+    from graphify.model import Report
+
+# Files up to this many are analysed in this process: a pool's start-up would dominate.
+PARALLEL_THRESHOLD = 8
+
+# analyze_source(source, path, settings) -> Report
+Analyzer = Callable[[str, str, "Settings"], "Report"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="graphify")
+def cli() -> None:
+    """Find CUDA-graph breakers in PyTorch training loops."""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cli.main(args=list(argv) if argv is not None else None, prog_name="graphify")
+
+
+# --- check ---------------------------------------------------------------------------------------
+
+
+def get_analyzer() -> Analyzer:
+    from graphify.analysis.engine import analyze_source
+
+    return analyze_source
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option(
+    "--format", "--output-format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True, help="Output format."
+)
+@click.option("--select", metavar="CODES", help="Rules to check: codes, prefixes (GFY0), categories or ALL, comma-separated. Overrides the config.")
+@click.option("--ignore", metavar="CODES", help="Rules to skip, comma-separated; added to the config's ignore list.")
+@click.option("--exit-zero", is_flag=True, help="Exit 0 even when breakers are found (file errors still exit 2).")
+@click.option("--statistics", is_flag=True, help="Print how many breakers of each rule instead of the breakers.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Worker processes (default: CPU count).")
+@click.option("--force-exclude", is_flag=True, help="Apply exclude / extend-exclude to files named on the command line too.")
+def check(
+    paths: tuple[str, ...],
+    fmt: str,
+    select: str | None,
+    ignore: str | None,
+    exit_zero: bool,
+    statistics: bool,
+    jobs: int | None,
+    force_exclude: bool,
+) -> None:
+    """Report CUDA-graph breakers in the training and inference loops of PATHS (default: .)."""
+    from graphify.config import ConfigError, load_settings, split_selectors
+
+    paths = paths or (".",)
+    try:
+        settings = load_settings(paths).with_cli(split_selectors(select), split_selectors(ignore))
+    except ConfigError as exc:
+        _fail(str(exc))
+    try:
+        code = _check(paths, settings, fmt, exit_zero, statistics, jobs or os.cpu_count() or 1, force_exclude)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # a bug of ours: one line, not a traceback (GRAPHIFY_DEBUG=1 shows it)
+        if os.environ.get("GRAPHIFY_DEBUG"):
+            raise
+        _fail(f"internal error: {type(exc).__name__}: {exc}")
+    sys.exit(code)
+
+
+def _check(paths, settings, fmt, exit_zero, statistics, jobs, force_exclude) -> int:
+    from graphify.files import discover
+    from graphify.model import Report
+    from graphify.reporters import render
+
+    files, errors = discover(paths, settings, force_exclude=force_exclude)
+    report = Report(errors=list(errors))
+    if files:
+        try:
+            analyzer = get_analyzer()
+        except ImportError as exc:
+            _fail(f"internal error: the analysis engine cannot be imported ({exc})")
+        report.extend(analyze_files(files, settings, analyzer, jobs))
+    report.errors.sort(key=lambda e: e.path)
+
+    color = fmt == "text" and not statistics and _want_color(sys.stdout)
+    _write(sys.stdout, render(report, fmt, color=color, statistics=statistics))
+    for e in report.errors:
+        _write(sys.stderr, error_line(e.path, e.message) + "\n")
+    if report.errors:
+        return 2
+    return 1 if report.diagnostics and not exit_zero else 0
+
+
+def error_line(path: str, message: str) -> str:
+    message = " ".join(message.split("\n"))
+    if message.startswith(path + ":"):  # already "path:line: ..."
+        return f"graphify: {message}"
+    return f"graphify: {path}: {message}"
+
+
+def analyze_files(files: Sequence[str], settings: Settings, analyzer: Analyzer, jobs: int) -> Report:
+    """One Report for all files; a process pool when there are many, this process otherwise."""
+    from graphify.model import Report
+
+    if jobs <= 1 or len(files) <= PARALLEL_THRESHOLD:
+        total = Report()
+        for path in files:
+            total.extend(analyze_file(path, settings, analyzer))
+        return total
+    return _analyze_in_pool(files, settings, analyzer, jobs)
+
+
+def analyze_file(path: str, settings: Settings, analyzer: Analyzer) -> Report:
+    """Read and analyse one file; whatever goes wrong comes back as a FileError."""
+    from graphify.files import SourceError, read_source
+    from graphify.model import FileError, Report
+
+    try:
+        source = read_source(path)
+    except SourceError as exc:
+        return Report(errors=[FileError(path, exc.message)])
+    try:
+        return analyzer(source, path, settings)
+    except Exception as exc:  # never let one file stop the run
+        return Report(errors=[FileError(path, f"internal error: {type(exc).__name__}: {exc}")])
+
+
+_worker_state: tuple = ()
+
+
+def _init_worker(settings, analyzer) -> None:
+    global _worker_state
+    _worker_state = (settings, analyzer)
+
+
+def _analyze_chunk(chunk: list[str]):
+    from graphify.model import Report
+
+    settings, analyzer = _worker_state
+    total = Report()
+    for path in chunk:
+        total.extend(analyze_file(path, settings, analyzer))
+    return total
+
+
+def _analyze_in_pool(files: Sequence[str], settings: Settings, analyzer: Analyzer, jobs: int) -> Report:
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from graphify.model import FileError, Report
+
+    workers = min(jobs, math.ceil(len(files) / 4))
+    # Several small chunks per worker keep them busy to the end; interleaving spreads one folder's
+    # big files over the chunks.
+    n_chunks = min(len(files), workers * 8)
+    chunks = [list(files[i::n_chunks]) for i in range(n_chunks)]
+    total = Report()
+    try:
+        pool = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(settings, analyzer))
+    except (OSError, NotImplementedError):  # no process support here (sandbox, no /dev/shm): one process
+        return analyze_files(files, settings, analyzer, jobs=1)
+    with pool:
+        futures = {pool.submit(_analyze_chunk, chunk): chunk for chunk in chunks}
+        for future in as_completed(futures):
+            try:
+                total.extend(future.result())
+            except Exception as exc:  # a worker died (out of memory, crash in a native parser...)
+                why = f"internal error: worker process failed ({type(exc).__name__}: {exc})"
+                total.errors.extend(FileError(path, why) for path in futures[future])
+    return total
+
+
+def _want_color(stream) -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _write(stream, text: str) -> None:
+    try:
+        stream.write(text)
+        stream.flush()
+    except UnicodeEncodeError:
+        enc = getattr(stream, "encoding", None) or "ascii"
+        stream.write(text.encode(enc, "backslashreplace").decode(enc))
+        stream.flush()
+    except BrokenPipeError:  # `graphify check . | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        raise SystemExit(2 if stream is sys.stderr else 1) from None
+
+
+def _fail(message: str, code: int = 2):
+    click.echo(f"graphify: error: {message}", err=True)
+    sys.exit(code)
+
+
+# --- rules ---------------------------------------------------------------------------------------
+
+
+@cli.command("rules")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def rules_command(fmt: str) -> None:
+    """List every rule: code, name, category, severity, rewritable, summary."""
+    from graphify.reporters import rule_url
+    from graphify.rules import all_rules
+
+    rules = all_rules()
+    if fmt == "json":
+        import json
+
+        doc = [
+            {
+                "code": r.code,
+                "name": r.name,
+                "category": r.category,
+                "severity": r.severity.value,
+                "rewritable": r.rewritable,
+                "summary": r.summary,
+                "url": rule_url(r.code),
+            }
+            for r in rules
+        ]
+        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+        return
+    header = ("code", "name", "category", "severity", "rewritable", "summary")
+    rows = [header] + [(r.code, r.name, r.category, r.severity.value, "yes" if r.rewritable else "no", r.summary) for r in rules]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+
+
+@cli.command("rule")
+@click.argument("code")
+def rule_command(code: str) -> None:
+    """Show the documentation of one rule."""
+    from graphify.rules import rule_doc, rules_by_code
+
+    by_code = rules_by_code()
+    rule = by_code.get(code.strip().upper())
+    if rule is None:
+        import difflib
+
+        close = difflib.get_close_matches(code.strip().upper(), list(by_code), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        _fail(f"unknown rule code '{code}'{hint}; `graphify rules` lists them")
+    try:
+        text = rule_doc(rule.code)
+    except OSError:
+        text = f"# {rule.code} {rule.name}\n\n{rule.summary}\n"
+    click.echo(text.rstrip("\n"))
+
+
+# --- rewrite -------------------------------------------------------------------------------------
+# `graphify rewrite` is added here by the owner of graphify/rewrite/. Not defined in this module yet.
+
+# --- verify --------------------------------------------------------------------------------------
+# `graphify verify` is added here by the owner of graphify/verify/. Not defined in this module yet.

@@ -1,0 +1,46 @@
+"""Output formats for `graphify check`: one module each (text, json, sarif, github, statistics).
+
+Every reporter takes a Report and returns the whole output as a string. Lines and columns are
+1-based in every format; `end_column` is exclusive (the column after the last character), as in
+SARIF regions.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from graphify.model import Diagnostic, LoopReport, Report
+
+FORMATS = ("text", "json", "sarif", "github")
+
+# Where a rule's documentation is published (docs/rules/CODE.md in the repository).
+REPOSITORY_URL = "https://github.com/graphify-dev/graphify"
+RULE_DOC_URL = REPOSITORY_URL + "/blob/main/docs/rules/{code}.md"
+
+
+def rule_url(code: str) -> str:
+    return RULE_DOC_URL.format(code=code)
+
+
+def sorted_diagnostics(report: Report) -> list[Diagnostic]:
+    return sorted(report.diagnostics, key=Diagnostic.sort_key)
+
+
+def sorted_loops(report: Report) -> list[LoopReport]:
+    return sorted(report.loops, key=lambda lp: (lp.path, lp.line))
+
+
+def render(report: Report, fmt: str, *, color: bool = False, statistics: bool = False) -> str:
+    """The whole output of `graphify check` for `fmt` (or its `--statistics` table)."""
+    if statistics:
+        from graphify.reporters.statistics import render as render_statistics
+
+        return render_statistics(report, as_json=fmt == "json")
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}")
+    if fmt == "text":
+        from graphify.reporters.text import render as render_text
+
+        return render_text(report, color=color)
+    module = importlib.import_module(f"graphify.reporters.{fmt}")
+    return module.render(report)

@@ -1,0 +1,183 @@
+"""A probe after the step of one loop, in the original and (through the rewriter) in the rewrite.
+
+The probe goes into the ORIGINAL source, right after the last top-level statement of the loop body
+that holds the backward pass or the optimizer step (for inference loops: the model call). The
+rewrite is then made from the instrumented source, so both versions call the probe at the same
+point of each step with the same expressions: the rewriter keeps host-only statements that follow
+the step eager, after the replay, where they read the step's static outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from graphify.analysis.checker import Checker
+from graphify.analysis.discovery import is_backward, is_model_call, is_step_op, method_call
+from graphify.analysis.engine import LoopAnalysis, analyze_module
+from graphify.model import Verdict
+from graphify.rewrite import rewrite_source
+from graphify.rewrite.plan import body_of
+from graphify.rewrite.statements import walk
+
+PROBE = "__graphify_probe__"
+_EMPTY = cst.Module([])
+_IMPURE = (cst.Call, cst.NamedExpr, cst.Await, cst.Yield)  # reading the loss again must not run code
+
+
+class InstrumentError(Exception):
+    """Nothing to verify in this file (the message says why)."""
+
+
+@dataclass
+class Instrumented:
+    original: str  # the original source with the probe
+    rewritten: str  # graphify rewrite of `original`
+    line: int  # the probed loop's header line
+    kind: str  # "train" | "inference"
+    function: str | None
+    step_name: str  # the captured step function the rewrite defines
+    records_values: bool  # whether the probe records losses (or outputs), not only timing
+
+
+def instrument(source: str, path: str, settings=None) -> Instrumented:
+    if settings is None:
+        from graphify.config import Settings
+
+        settings = Settings()
+    result = analyze_module(source, path, settings)
+    if result.report.errors:
+        raise InstrumentError(result.report.errors[0].message)
+    candidates = [a for a in result.loops if a.verdict != Verdict.NOT_CAPTURABLE]
+    candidates.sort(key=lambda a: a.loop.kind != "train")  # training loops first, in source order
+    why = [f"line {lp.line}: {lp.kind} loop is {lp.verdict.value}" for lp in result.report.loops if lp.verdict == Verdict.NOT_CAPTURABLE]
+    for analysis in candidates:
+        loop = analysis.loop
+        line = loop.module.position(loop.node).start.line
+        probe = _probe(analysis)
+        if probe is None:
+            why.append(f"line {line}: the step is not in the loop body itself")
+            continue
+        index, text, records = probe
+        original = result.module.tree.visit(_Insert(loop.node, index, text)).code
+        rewrite = rewrite_source(original, path, settings)
+        outcome = next((o for o in rewrite.outcomes if o.line == line), None)
+        if rewrite.errors or outcome is None or not outcome.rewritten:
+            reasons = [e.message for e in rewrite.errors] or (outcome.reasons if outcome else ["not rewritten"])
+            why.append(f"line {line}: {'; '.join(reasons)}")
+            continue
+        if not probe_follows_call(rewrite.code, outcome.step_name):
+            raise InstrumentError(f"line {line}: the rewrite does not keep the probe after the captured step; cannot compare")
+        return Instrumented(original, rewrite.code, line, loop.kind, loop.func.qualname, outcome.step_name, records)
+    detail = f" ({'; '.join(why)})" if why else ""
+    raise InstrumentError(f"graphify rewrite changes no loop of this file, so there is nothing to verify{detail}")
+
+
+def _probe(analysis: LoopAnalysis) -> tuple[int, str, bool] | None:
+    """(index of the body statement to probe after, probe statement, records values) or None."""
+    loop = analysis.loop
+    body = body_of(loop)
+    env = loop.region.body_block.env
+    calls = [(i, n) for i, s in enumerate(body) for n in walk(s) if isinstance(n, cst.Call)]
+    if loop.kind == "train":
+        anchors = [i for i, n in calls if is_step_op(n, env)]
+        if not anchors:
+            return None
+        losses = [loss for _, n in calls if is_backward(n, env) for loss in [_loss_of(n)] if loss is not None]
+        value = _tuple([f"{_code(loss, attr=True)}.item()" for loss in losses])
+        optimizers = _distinct(expr for expr, site in Checker(loop).stepped_optimizers if any(n is expr for s in body for n in walk(s)))
+        return anchors[-1], f"{PROBE}({value or 'None'}, {_tuple([_code(o) for o in optimizers]) or 'None'})", bool(losses)
+    anchors = [i for i, n in calls if is_model_call(n, env)]
+    if not anchors:
+        return None
+    last = body[anchors[-1]]
+    output = None
+    if isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[0], cst.Assign) and len(last.body[0].targets) == 1:
+        target = last.body[0].targets[0].target
+        output = target if isinstance(target, cst.Name) else None
+    return anchors[-1], f"{PROBE}({_code(output) if output is not None else 'None'}, None)", output is not None
+
+
+def _loss_of(call: cst.Call) -> cst.BaseExpression | None:
+    """The scalar whose backward this call runs; None when it is not a plain expression (or not a scalar)."""
+    m = method_call(call)
+    if m is not None and m[1] == "backward":
+        if call.args:
+            return None  # backward(gradient): not a scalar loss
+        loss = m[0]
+        inner = method_call(loss)
+        if inner is not None and inner[1] == "scale" and len(loss.args) == 1:  # scaler.scale(loss).backward()
+            loss = loss.args[0].value
+    elif call.args and not any(a.keyword and a.keyword.value == "grad_tensors" for a in call.args):
+        loss = call.args[0].value  # manual_backward(loss), torch.autograd.backward(loss)
+    else:
+        return None
+    return None if any(isinstance(n, _IMPURE) for n in walk(loss)) else loss
+
+
+def _code(expr: cst.BaseExpression, attr: bool = False) -> str:
+    text = _EMPTY.code_for_node(expr)
+    if attr and not isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+        return f"({text})"
+    return text
+
+
+def _tuple(items: list[str]) -> str:
+    if len(items) <= 1:
+        return items[0] if items else ""
+    return f"({', '.join(items)})"
+
+
+def _distinct(exprs) -> list[cst.BaseExpression]:
+    out: list[cst.BaseExpression] = []
+    for e in exprs:
+        if not any(e.deep_equals(o) for o in out):
+            out.append(e)
+    return out
+
+
+class _Insert(cst.CSTTransformer):
+    def __init__(self, loop: cst.CSTNode, index: int, text: str) -> None:
+        self.loop, self.index, self.text = loop, index, text
+
+    def _leave_loop(self, original, updated):
+        if original is not self.loop:
+            return updated
+        stmts = list(updated.body.body)
+        stmts.insert(self.index + 1, cst.parse_statement(self.text))
+        return updated.with_changes(body=updated.body.with_changes(body=stmts))
+
+    leave_For = _leave_loop
+    leave_While = _leave_loop
+
+
+def probe_follows_call(code: str, step_name: str) -> bool:
+    """Whether the probe is a statement of the same block as, and after, a call of the captured step."""
+    tree = cst.parse_module(code)
+    blocks = [n for n in _all_nodes(tree) if isinstance(n, cst.IndentedBlock)]
+    found = False
+    for block in blocks:
+        seen_call = False
+        for stmt in block.body:
+            if _calls(stmt, step_name):
+                seen_call = True
+            if isinstance(stmt, cst.SimpleStatementLine) and _calls(stmt, PROBE):
+                if not seen_call:
+                    return False
+                found = True
+    return found
+
+
+def _calls(stmt: cst.CSTNode, name: str) -> bool:
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    return any(isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == name for n in walk(stmt))
+
+
+def _all_nodes(node: cst.CSTNode):
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(n.children)
