@@ -33,16 +33,28 @@ def _rewritten(name, tmp_path):
     return module
 
 
-def _train(module, fn="train"):
+def _train(module, fn="train", capturable=False):
     w = module.build("cuda")
+    if capturable:  # the optimizer arithmetic a capture uses, run eagerly
+        for group in w["optimizer"].param_groups:
+            if group.get("capturable") is False and not group.get("fused"):
+                group["capturable"] = True
     getattr(module, fn)(w["model"], w["optimizer"], w["scheduler"], w["loss_fn"], w["batches"], STEPS)
     torch.cuda.synchronize()
     return {k: v.detach().clone() for k, v in w["model"].state_dict().items() if v.is_floating_point()}
 
 
+def _max_rel(a, b):
+    return max(((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)).item() for k in b)
+
+
 @pytest.mark.parametrize("name", SMALL_WORKLOADS)
-def test_rewrite_matches_eager(name, tmp_path):
-    eager = _train(load_workload(name))
+def test_rewrite_matches_hand_capture_and_eager(name, tmp_path):
+    module = load_workload(name)
+    eager = _train(module)
+    eager_again = _train(module)
+    eager_capturable = _train(module, capturable=True)
+    hand = _train(module, "train_hand")
     rewritten_module = _rewritten(name, tmp_path)
     replays = []
     original_replay = torch.cuda.CUDAGraph.replay
@@ -56,7 +68,16 @@ def test_rewrite_matches_eager(name, tmp_path):
         graphed = _train(rewritten_module)
     finally:
         torch.cuda.CUDAGraph.replay = original_replay
+    report = {
+        "eager vs eager": _max_rel(eager_again, eager),
+        "graphify vs hand capture": _max_rel(graphed, hand),
+        "graphify vs eager (capturable optimizer)": _max_rel(graphed, eager_capturable),
+        "graphify vs eager": _max_rel(graphed, eager),
+        "hand capture vs eager": _max_rel(hand, eager),
+    }
+    print(f"\n{name}: " + ", ".join(f"{k} {v:.2e}" for k, v in report.items()))
     assert len(replays) == STEPS - 3, "every step after the 3 warmup steps is a replay"
-    for key, ref in eager.items():
-        rel = ((graphed[key] - ref).norm() / ref.norm().clamp_min(1e-12)).item()
-        assert rel < 1e-4, f"{name}.{key}: relative difference {rel:.2e} after {STEPS} steps"
+    assert report["graphify vs hand capture"] < 1e-5
+    assert report["graphify vs eager (capturable optimizer)"] < 1e-5
+    # Plain eager uses the host-side optimizer arithmetic; the gap grows with steps (docs/verify.md).
+    assert report["graphify vs eager"] < 5e-2

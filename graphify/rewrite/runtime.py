@@ -30,7 +30,7 @@ class CapturedStep:
         self.eager_runs = {}  # key -> eager calls so far
         self.pool = None  # all graphs of this step share one memory pool
         self.stream = None
-        self.lr_tensors = []  # (param group, device tensor) refreshed from the float lr before each replay
+        self.lr_tensors = []  # [param group, device tensor, value it holds], refreshed when the float lr moves
         self.frozen_lrs = []  # (param group, lr at capture) for optimizers that read a float lr
 
     def __call__(self, *inputs, key=()):
@@ -41,11 +41,15 @@ class CapturedStep:
             return self.step(*inputs)
         captured = self.graphs.get(key)
         if captured is not None:
-            graph, static_inputs, static_outputs = captured
-            if self._same_layout(static_inputs, inputs) and all(g["lr"] == lr for g, lr in self.frozen_lrs):
-                self._copy_into(static_inputs, inputs)
-                for group, lr in self.lr_tensors:
-                    lr.fill_(group["lr"])
+            graph, static_tensors, static_outputs = captured
+            if self._fits(static_tensors, tensors) and all(g["lr"] == lr for g, lr in self.frozen_lrs):
+                for static, new in zip(static_tensors, tensors):
+                    static.copy_(new, non_blocking=True)
+                for entry in self.lr_tensors:
+                    group, lr, value = entry
+                    if group["lr"] != value:  # the scheduler moved it: one small fill, outside the graph
+                        lr.fill_(group["lr"])
+                        entry[2] = group["lr"]
                 graph.replay()
                 return static_outputs
             return self.step(*inputs)
@@ -74,7 +78,7 @@ class CapturedStep:
             for group, lr in swapped:
                 group["lr"] = lr
         self.pool = graph.pool()
-        self.graphs[key] = (graph, static_inputs, static_outputs)
+        self.graphs[key] = (graph, self._tensors(static_inputs), static_outputs)
         graph.replay()  # capture records the step without running it: this replay trains on the batch
         return static_outputs
 
@@ -95,7 +99,7 @@ class CapturedStep:
             for group in optimizer.param_groups:
                 if "capturable" in group and not torch.is_tensor(group["lr"]):
                     lr = torch.tensor(group["lr"], dtype=torch.float32, device=group["params"][0].device)
-                    self.lr_tensors.append((group, lr))
+                    self.lr_tensors.append([group, lr, group["lr"]])
                     swapped.append((group, group["lr"]))
                     group["lr"] = lr
                 elif not torch.is_tensor(group["lr"]):
@@ -113,17 +117,11 @@ class CapturedStep:
         return []
 
     @staticmethod
-    def _same_layout(static, new):
-        a, b = CapturedStep._tensors(static), CapturedStep._tensors(new)
-        return len(a) == len(b) and all(
-            s.shape == n.shape and s.dtype == n.dtype and s.device == n.device and s.stride() == n.stride()
-            for s, n in zip(a, b)
+    def _fits(static, new):
+        """Same shapes, dtypes and devices: the new inputs can be copied into the static buffers."""
+        return len(static) == len(new) and all(
+            s.shape == n.shape and s.dtype == n.dtype and s.device == n.device for s, n in zip(static, new)
         )
-
-    @staticmethod
-    def _copy_into(static, new):
-        for s, n in zip(CapturedStep._tensors(static), CapturedStep._tensors(new)):
-            s.copy_(n, non_blocking=True)
 
     @staticmethod
     def _to_device(value, device):
