@@ -37,7 +37,7 @@ def _train(module, fn="train", capturable=False):
     w = module.build("cuda")
     if capturable:  # the optimizer arithmetic a capture uses, run eagerly
         for group in w["optimizer"].param_groups:
-            if group.get("capturable") is False and not group.get("fused"):
+            if group.get("capturable") is False:
                 group["capturable"] = True
     getattr(module, fn)(w["model"], w["optimizer"], w["scheduler"], w["loss_fn"], w["batches"], STEPS)
     torch.cuda.synchronize()

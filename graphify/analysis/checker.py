@@ -214,9 +214,7 @@ class Checker:
             found = self.optimizer_class(expr, site.env)
             if found is None:
                 continue
-            name, call, _ = found
-            fused = is_true(kwarg(call, "fused"))
-            if name not in ADAM_FAMILY and not (fused and name in ("SGD", "Adagrad", "Adam", "AdamW")):
+            if found[0] not in ADAM_FAMILY:
                 return False
         return True
 

@@ -85,7 +85,7 @@ class CapturedStep:
     def _make_optimizers_capturable(self):
         for optimizer in self.optimizers:
             for group in optimizer.param_groups:
-                if group.get("capturable") is False and not group.get("fused"):
+                if group.get("capturable") is False:
                     group["capturable"] = True
                     for p in group["params"]:
                         state = optimizer.state.get(p, {})

@@ -7,7 +7,7 @@ from graphify.analysis.names import dotted
 from graphify.analysis.values import SCALER
 from graphify.rules import rule
 
-SCALER_STEP = rule("GFY421", "grad-scaler-step", "amp-grad-scaler", "error", "`GradScaler.step`/`update` check for infs on the host", True)
+SCALER_STEP = rule("GFY421", "grad-scaler-step", "amp-grad-scaler", "error", "`GradScaler.step` reads `found_inf` on the host; `update` must run where `step` runs", True)
 AUTOCAST_CACHE = rule("GFY422", "autocast-cache", "amp-grad-scaler", "warning", "`autocast` inside a captured step needs `cache_enabled=False`", True)
 
 RULES = (SCALER_STEP, AUTOCAST_CACHE)

@@ -15,7 +15,7 @@ SYNCHRONIZE = rule("GFY007", "cuda-synchronize", "host-sync", "error", "`torch.c
 DYNAMIC_OUTPUT = rule("GFY008", "data-dependent-output-size", "host-sync", "error", "`nonzero`, `unique`, `masked_select`, one-argument `where` size their output from data", False)
 MASK_INDEX = rule("GFY009", "boolean-mask-indexing", "host-sync", "error", "indexing with a boolean mask gives a data-dependent shape", False)
 CLIP_NONFINITE = rule("GFY010", "clip-error-if-nonfinite", "host-sync", "error", "`clip_grad_norm_(..., error_if_nonfinite=True)` checks the norm on the host", False)
-EMPTY_CACHE = rule("GFY011", "empty-cache-in-step", "host-sync", "error", "`torch.cuda.empty_cache()` frees allocator memory, which capture forbids", True)
+EMPTY_CACHE = rule("GFY011", "empty-cache-in-step", "host-sync", "error", "`torch.cuda.empty_cache()` in the step: costly, and on some PyTorch versions it breaks capture", True)
 
 RULES = (ITEM, TOLIST, TO_CPU, NUMPY, SCALAR, FORMAT, SYNCHRONIZE, DYNAMIC_OUTPUT, MASK_INDEX, CLIP_NONFINITE, EMPTY_CACHE)
 
@@ -36,6 +36,15 @@ def _is_boolean_mask(index: cst.BaseExpression, env) -> bool:
     return False
 
 
+def _assigned_a_scalar(node, site) -> bool:
+    """`x[mask] = 0` becomes `masked_fill_`, which keeps shapes fixed."""
+    parent = site.ancestors[-1] if site.ancestors else None
+    if isinstance(parent, cst.AssignTarget):
+        stmt = site.ancestors[-2] if len(site.ancestors) > 1 else None
+        return isinstance(stmt, cst.Assign) and not site.env.is_tensor(stmt.value)
+    return False
+
+
 def check(ck):
     for node, site in ck.nodes():
         env = site.env
@@ -46,7 +55,7 @@ def check(ck):
                 yield ck.finding(FORMAT, node, site, f"tensor `{code_of(node.expression)}` formatted into a string",
                                  f"format `{code_of(node.expression)}.item()` outside the step, or log the tensor after the replay",
                                  ck.host_read_removable(node, site))
-        elif isinstance(node, cst.Subscript) and env.is_tensor(node.value):
+        elif isinstance(node, cst.Subscript) and env.is_tensor(node.value) and not _assigned_a_scalar(node, site):
             for el in node.slice:
                 if isinstance(el.slice, cst.Index) and _is_boolean_mask(el.slice.value, env):
                     yield ck.finding(MASK_INDEX, node, site, f"boolean-mask indexing `{code_of(node)}`",

@@ -6,7 +6,7 @@ from graphify.analysis.discovery import method_call
 from graphify.analysis.values import ADAM_FAMILY, NEVER_CAPTURABLE, SCHEDULER
 from graphify.rules import rule
 
-NOT_CAPTURABLE = rule("GFY401", "optimizer-not-capturable", "non-capturable-optimizer", "error", "an Adam-family optimizer without `capturable=True` keeps its step count on the host", True)
+NOT_CAPTURABLE = rule("GFY401", "optimizer-not-capturable", "non-capturable-optimizer", "error", "Adam, AdamW, RMSprop and other optimizers with a `capturable` flag, built without `capturable=True`", True)
 NEVER_CAPTURABLE_RULE = rule("GFY402", "optimizer-without-capture-support", "non-capturable-optimizer", "error", "LBFGS, SparseAdam and optimizers with host-side logic cannot be captured", False)
 SCHEDULER_STEP = rule("GFY411", "lr-scheduler-step", "lr-scheduler", "error", "`scheduler.step()` changes a float learning rate that capture froze", True)
 LR_ASSIGNMENT = rule("GFY412", "lr-assignment", "lr-scheduler", "error", "assigning `param_group['lr']` changes a float learning rate that capture froze", True)
@@ -27,7 +27,7 @@ def check(ck):
         seen.add(id(call))
         fused = is_true(kwarg(call, "fused"))
         capturable = kwarg(call, "capturable")  # any expression but a literal False: the user decides
-        if name in ADAM_FAMILY and (capturable is None or _is_false(capturable)) and not fused:
+        if name in ADAM_FAMILY and (capturable is None or _is_false(capturable)):
             yield ck.finding_at(NOT_CAPTURABLE, call, module, f"`{name}` built without `capturable=True`",
                                 f"pass `capturable=True` to `{name}` (graphify rewrite sets it on the param groups before warmup)")
         elif name in NEVER_CAPTURABLE or (name == "Adagrad" and not fused):

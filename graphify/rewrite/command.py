@@ -1,0 +1,119 @@
+"""What `graphify rewrite` does with files: diffs, atomic in-place writes, `--check`, per-loop notes.
+
+Exit codes: 0 nothing to rewrite, 1 a file would change (or changed, with --in-place; or, with
+--check, an eligible loop is not captured yet; or --verify failed), 2 usage error or a file that
+could not be read or rewritten.
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import os
+import tempfile
+import tokenize
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from graphify.files import SourceError, read_source
+from graphify.rewrite import RewriteResult, rewrite_source
+
+
+@dataclass
+class RewriteRun:
+    diffs: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # one line per loop, for stderr
+    errors: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)  # files --verify kept unchanged
+    pending: int = 0  # loops that could be captured but are not yet
+
+    @property
+    def exit_code(self) -> int:
+        return 2 if self.errors else 1 if (self.changed or self.pending or self.rejected) else 0
+
+
+def loop_notes(result: RewriteResult, written: bool) -> list[str]:
+    notes = []
+    for o in result.outcomes:
+        where = f"{o.path}:{o.line}: {o.kind} loop" + (f" in {o.function}()" if o.function else "")
+        if o.rewritten:
+            verb = "captured" if written else "would capture"
+            notes.append(f"{where}: {verb} as `{o.step_name}` (warmup, capture, replay)")
+        else:
+            notes.append(f"{where}: left unchanged, {o.verdict.value} ({', '.join(o.reasons)})")
+    return notes
+
+
+def unified_diff(path: str, before: str, after: str) -> str:
+    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{path}", f"b/{path}"))
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Replace the file in one step, in its own encoding and with its permissions; never half-written."""
+    with open(path, "rb") as f:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(f.read()).readline)
+    data = text.encode("utf-8-sig" if encoding == "utf-8-sig" else encoding)
+    folder = os.path.dirname(os.path.abspath(path))
+    mode = os.stat(path).st_mode & 0o7777
+    fd, tmp = tempfile.mkstemp(prefix=".graphify-", suffix=".py", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def rewrite_files(
+    files: Sequence[str],
+    settings,
+    in_place: bool = False,
+    check_only: bool = False,
+    verify: Callable[[str], tuple[bool, str]] | None = None,
+) -> RewriteRun:
+    run = RewriteRun()
+    for path in files:
+        try:
+            source = read_source(path)
+        except SourceError as e:
+            run.errors.append(f"{path}: {e.message if hasattr(e, 'message') else e}")
+            continue
+        try:
+            result = rewrite_source(source, path, settings)
+        except Exception as e:  # a bug must not cost the user a traceback or a file
+            run.errors.append(f"{path}: internal error while rewriting: {type(e).__name__}: {e}")
+            continue
+        run.errors.extend(f"{err.path}: {err.message}" for err in result.errors)
+        run.pending += sum(o.rewritten for o in result.outcomes)
+        if check_only:
+            run.notes.extend(loop_notes(result, written=False))
+            continue
+        if not result.changed:
+            run.notes.extend(loop_notes(result, written=False))
+            continue
+        run.changed.append(path)
+        if not in_place:
+            run.diffs.append(unified_diff(path, source, result.code))
+            run.notes.extend(loop_notes(result, written=False))
+            continue
+        if verify is not None:
+            passed, summary = verify(path)
+            if not passed:
+                run.rejected.append(path)
+                run.notes.append(f"{path}: not written: verification failed ({summary})")
+                continue
+        try:
+            write_atomically(path, result.code)
+        except OSError as e:
+            run.errors.append(f"{path}: could not write: {e.strerror or e}")
+            continue
+        run.notes.extend(loop_notes(result, written=True))
+    if not check_only:
+        run.pending = 0
+    return run

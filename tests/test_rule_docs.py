@@ -1,0 +1,54 @@
+"""Every registered rule has a complete doc, and docs/rules/ is generated from them."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import graphify.rules
+from graphify import docgen
+from graphify.rules import all_rules, rule_doc
+
+RULES = all_rules()
+SECTIONS = ["What it flags", "Why it breaks capture", "How to fix", "Example", "Suppress"]
+
+
+def test_codes_unique_and_well_formed():
+    codes = [r.code for r in RULES]
+    assert len(codes) == len(set(codes))
+    assert all(re.fullmatch(r"GFY\d{3}", c) for c in codes), codes
+
+
+def test_one_doc_per_rule():
+    docs_dir = Path(graphify.rules.__file__).parent / "docs"
+    assert sorted(p.stem for p in docs_dir.glob("*.md")) == [r.code for r in RULES]
+    for r in RULES:
+        assert rule_doc(r.code) == (docs_dir / f"{r.code}.md").read_text(encoding="utf-8")
+
+
+def test_names_unique_kebab_case():
+    names = [r.name for r in RULES]
+    assert len(names) == len(set(names))
+    assert all(re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", n) for n in names), names
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.code)
+def test_rule_doc(rule):
+    doc = rule_doc(rule.code)
+    lines = doc.splitlines()
+    assert lines[0] == f"# {rule.code} {rule.name}"
+    removed = r"(yes|when .+)" if rule.rewritable else "no"
+    meta = rf"\*Category: {rule.category} · Severity: {rule.severity.value} · Removed by `graphify rewrite`: {removed}\*"
+    assert re.fullmatch(meta, lines[2]), lines[2]
+    assert re.findall(r"^## (.+)$", doc, flags=re.M) == SECTIONS
+    example = doc.split("## Example", 1)[1].split("## Suppress", 1)[0]
+    assert re.search(r"^Flagged:\n```python\n", example, flags=re.M)
+    assert re.search(r"^Instead\b.*:\n```python\n", example, flags=re.M)
+    assert f"`# graphify: ignore[{rule.code}]`" in doc.split("## Suppress", 1)[1]
+    assert len(lines) <= 55, "a rule doc should fit on one screen"
+    for block in re.findall(r"```python\n(.*?)```", doc, flags=re.S):
+        compile(block, f"{rule.code}.md", "exec")
+
+
+def test_generated_docs_up_to_date():
+    assert docgen.outdated() == [], "run `python -m graphify.docgen`"
