@@ -115,6 +115,37 @@ class Checker:
                 return i
         return len(self.region.nodes)
 
+    # ---- per-step host values ----------------------------------------------------------------
+
+    @cached_property
+    def counters(self) -> set[str]:
+        """Host names that change every iteration: the loop's own counters (`for step in range(n)`,
+        `global_step += 1` in the body) and host values computed from them there."""
+        env = self.body_env
+        assigned: list[tuple[str, cst.BaseExpression]] = []
+        incremented: set[str] = set()
+        for node, site in self.nodes():
+            if site.block is not self.region.body_block:
+                continue
+            if isinstance(node, cst.Assign):
+                assigned.extend((dotted(t.target), node.value) for t in node.targets if dotted(t.target))
+            elif isinstance(node, cst.AugAssign) and dotted(node.target):
+                assigned.append((dotted(node.target), node.value))
+                incremented.add(dotted(node.target))
+        names = {n for n in incremented if n in env.hosts}
+        if isinstance(self.loop.node, cst.For):
+            names.update(n.value for n in iter_nodes(self.loop.node.target) if isinstance(n, cst.Name) and n.value in env.hosts)
+        changed = True
+        while changed:
+            changed = False
+            for target, value in assigned:
+                if target not in names and target in env.hosts and any(
+                    isinstance(n, cst.Name) and n.value in names for n in iter_nodes(value)
+                ):
+                    names.add(target)
+                    changed = True
+        return names
+
     # ---- host reads -----------------------------------------------------------------------
 
     def statement_of(self, site: Site) -> cst.CSTNode | None:

@@ -449,7 +449,7 @@ def unwrap_iterable(expr: cst.BaseExpression, env: Env) -> cst.BaseExpression:
     """`tqdm(loader, ...)`, `iter(loader)`, `islice(loader, n)` -> `loader`."""
     while isinstance(expr, cst.Call) and expr.args:
         name = (env.qualify(expr.func) or "").rsplit(".", 1)[-1]
-        if name in ("tqdm", "iter", "islice", "trange_", "track", "progress", "prefetch"):
+        if name in ("tqdm", "iter", "islice", "track", "progress", "prefetch", "reversed", "sorted", "list"):
             expr = expr.args[0].value
         else:
             break

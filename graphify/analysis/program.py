@@ -86,6 +86,17 @@ class ModuleInfo:
         return scope
 
     @cached_property
+    def names(self) -> set[str]:
+        """Every identifier in the module; the rewrite adds the names it introduces."""
+        found, stack = set(), [self.tree]
+        while stack:
+            n = stack.pop()
+            if isinstance(n, cst.Name):
+                found.add(n.value)
+            stack.extend(n.children)
+        return found
+
+    @cached_property
     def positions(self):
         # Only modules that hold a reported loop or a called function pay for positions.
         wrapper = MetadataWrapper(self.tree, unsafe_skip_copy=True)

@@ -42,8 +42,10 @@ HOST_METHODS = {
     "data_ptr", "is_contiguous", "get_device", "stride", "storage_offset", "is_floating_point",
     "is_complex", "__len__", "type", "keys", "items", "values", "state_dict", "parameters",
     "named_parameters", "buffers", "modules", "children", "train", "eval", "zero_grad",
-    "register_hook", "backward", "step", "add_scalar", "log", "update", "append", "extend", "copy_",
+    "register_hook", "backward", "add_scalar", "log", "update", "append", "extend", "copy_",
 }
+# Roots of configuration objects (argparse namespaces, configs): their attributes are host values.
+CONFIG_ROOTS = {"args", "opt", "opts", "config", "cfg", "conf", "hparams", "hp", "FLAGS", "flags", "settings", "options"}
 HOST_ATTRIBUTES = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "is_leaf", "layout", "names"}
 
 # torch.* callables that do not return a tensor on the device.
@@ -262,6 +264,8 @@ class Env:
                 return True
             if name in self.hosts:
                 return False
+            if (name or "").split(".")[0] in CONFIG_ROOTS or (name or "").startswith(("self.config.", "self.args.", "self.cfg.", "self.hparams.")):
+                return False
             if expr.attr.value in {"grad", "data", "T", "mT", "H", "real", "imag", "logits", "loss", "last_hidden_state"}:
                 return True if self._tensor(expr.value, depth + 1) or expr.attr.value in {"grad", "logits"} else None
             return True if self._tensor(expr.value, depth + 1) is True and self.kind_of(expr.value) is None else None
@@ -304,15 +308,25 @@ class Env:
         if isinstance(func, cst.Name) and func.value == "next":
             return True
         qual = self.qualify(func)
-        if qual and (qual.startswith(("numpy.", "math.", "random.", "time.")) or qual in {"sum", "min", "max"}):
-            return False if not qual.startswith(("sum", "min", "max")) else None
+        if qual in ("sum", "min", "max"):
+            parts = [self._tensor(a.value, depth + 1) for a in call.args]
+            return True if True in parts else (False if parts and all(p is False for p in parts) else None)
+        if qual and qual.startswith(("numpy.", "math.", "random.", "time.")):
+            return False
         if isinstance(func, cst.Attribute):
             method = func.attr.value
             if method in HOST_METHODS:
                 return False
+            if method == "step":  # optimizer.step(closure) returns the closure's loss
+                kind = self.kind_of(func.value)
+                if kind in (OPTIMIZER, SCHEDULER, SCALER, ENV):
+                    return True if call.args and kind == OPTIMIZER else False
             kind = self.kind_of(func.value)
-            if kind in (MODEL, DDP, LOSS) and method in {"forward", "__call__", "generate", "encode", "decode", "sample"}:
-                return True
+            if kind in (MODEL, DDP, LOSS):
+                # model(x), model.generate(...) give tensors; model.to(device), model.state_dict() do not
+                return True if method in {"forward", "__call__", "generate", "encode", "decode", "sample"} else False
+            if kind in (OPTIMIZER, SCHEDULER, SCALER, LOADER, GENERATOR, ACCELERATOR) and method not in ("step", "scale"):
+                return False
             receiver = self._tensor(func.value, depth + 1)
             if receiver is True:
                 return True
@@ -325,13 +339,27 @@ class Env:
             return True
         if isinstance(func, cst.Name) and self.module is not None and func.value in self.module.functions:
             return self._returns_tensor(self.module.functions[func.value], depth)
+        method = self._local_method(func)
+        if method is not None:
+            return self._returns_tensor(method, depth)
+        return None
+
+    def _local_method(self, func: cst.BaseExpression) -> cst.FunctionDef | None:
+        """`runner.step` where `runner = LocalClass(...)`: that class's method."""
+        if self.module is None or not isinstance(func, cst.Attribute):
+            return None
+        owner = dotted(func.value)
+        for value in self.values_of(owner) if owner else ():
+            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in self.module.classes:
+                return self.module.method(self.module.classes[value.func.value], func.attr.value)
         return None
 
     def _returns_tensor(self, fn: cst.FunctionDef, depth: int) -> bool | None:
         """A local helper such as `get_batch()` returns tensors if one of its return values is a tensor."""
         if depth > 3:
             return None
-        info = self.module.function_info(fn, None)
+        cls = next((c for c in self.module.classes.values() if any(s is fn for s in c.body.body)), None)
+        info = self.module.function_info(fn, cls)
         env = info.new_env()
         env.module = self.module
         env.infer({}, [fn])

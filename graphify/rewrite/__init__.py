@@ -9,7 +9,8 @@ import libcst as cst
 from graphify.analysis.engine import analyze_module
 from graphify.model import FileError, Verdict
 from graphify.rewrite import runtime
-from graphify.rewrite.emit import Emission, Rewriter, fresh_name
+from graphify.rewrite.emit import Emission, Rewriter
+from graphify.rewrite.names import fresh_name
 
 
 @dataclass
@@ -37,17 +38,6 @@ class RewriteResult:
         return self.code != self.source
 
 
-def _all_names(tree: cst.Module) -> set[str]:
-    names = set()
-    stack = [tree]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, cst.Name):
-            names.add(n.value)
-        stack.extend(n.children)
-    return names
-
-
 def _has_helper(tree: cst.Module) -> bool:
     return any(isinstance(s, cst.ClassDef) and s.name.value == runtime.CLASS_NAME for s in tree.body)
 
@@ -64,7 +54,7 @@ def rewrite_source(source: str, path: str, settings=None) -> RewriteResult:
     if result.module is None or not result.loops:
         return out
     tree = result.module.tree
-    taken = _all_names(tree)
+    taken = result.module.names
     emissions = []
     for analysis in result.loops:
         loop = analysis.loop

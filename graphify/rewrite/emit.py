@@ -19,14 +19,6 @@ class Emission:
     anchor: cst.CSTNode  # statement before which the step function is defined
 
 
-def fresh_name(base: str, taken: set[str]) -> str:
-    name, n = base, 2
-    while name in taken:
-        name, n = f"{base}_{n}", n + 1
-    taken.add(name)
-    return name
-
-
 def _comment(text: str) -> cst.EmptyLine:
     return cst.EmptyLine(comment=cst.Comment(f"# graphify: {text}"))
 
@@ -81,7 +73,7 @@ class Rewriter(cst.CSTTransformer):
             return updated
         plan = emission.plan
         stmts = list(updated.body.body)
-        graph_body = [self._captured(plan, i, stmts[i]) for i in plan.graph]
+        graph_body = [plan.hoisted[i][0] if i in plan.hoisted else self._captured(plan, i, stmts[i]) for i in plan.graph]
         graph_body[0] = graph_body[0].with_changes(leading_lines=[l for l in graph_body[0].leading_lines if l.comment])
         if plan.outputs:
             graph_body.append(cst.parse_statement(f"return {', '.join(plan.outputs)}"))
@@ -110,10 +102,12 @@ class Rewriter(cst.CSTTransformer):
         if clones:
             clones[0] = clones[0].with_changes(leading_lines=[_comment("copy outputs kept beyond this step: the next replay overwrites them")])
 
-        after = sorted(plan.after + plan.tail + list(plan.split_ifs))
+        after = sorted(plan.after + plan.tail + list(plan.split_ifs) + list(plan.hoisted))
         moved_after = []
         for i in after:
-            if i in plan.split_ifs:
+            if i in plan.hoisted:
+                moved_after.append(plan.hoisted[i][1])
+            elif i in plan.split_ifs:
                 host = [stmts[i].body.body[k] for k in plan.split_ifs[i]]
                 moved_after.append(stmts[i].with_changes(body=stmts[i].body.with_changes(body=host)))
             else:

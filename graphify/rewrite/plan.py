@@ -17,13 +17,17 @@ from graphify.analysis.checker import kwarg
 from graphify.analysis.discovery import Loop, is_backward, is_model_call, is_step_op, method_call
 from graphify.analysis.engine import LoopAnalysis, removable
 from graphify.analysis.names import dotted
+from graphify.rewrite.names import fresh_name
 from graphify.analysis.values import OPTIMIZER, SCALER, Env
 from graphify.model import Verdict
-from graphify.rewrite.statements import contains, does_gpu_work, names_read, names_written, walk
+from graphify.analysis.statements import contains, is_host_read_call, does_gpu_work, names_read, names_written, walk
 
 # Breakers the rewrite fixes where they stand, inside the captured step.
 FIXED_IN_PLACE = {"GFY401", "GFY251", "GFY422", "GFY501", "GFY411", "GFY412"}
 _SHAPE_METHODS = {"size", "dim", "numel"}
+
+
+_EMPTY = cst.Module([])
 
 
 class Refusal(Exception):
@@ -53,6 +57,10 @@ class Plan:
     device: cst.BaseExpression | None = None  # where host inputs go, for `.to(device)` inside the step
     autocast_calls: list[cst.Call] = field(default_factory=list)
     zero_grads: list[cst.Call] = field(default_factory=list)
+    # `correct += (model(x).argmax(1) == y).sum().item()`: the tensor is computed in the graph,
+    # the host read runs after the replay. index -> (captured statement, host statement)
+    hoisted: dict[int, tuple[cst.BaseStatement, cst.BaseStatement]] = field(default_factory=dict)
+    hoisted_reads: set[int] = field(default_factory=set)  # ids of the host-read calls moved out
 
 
 def body_of(loop: Loop) -> list[cst.BaseStatement]:
@@ -117,6 +125,11 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
     graph_writes: set[str] = set()
     for pos, i in enumerate(span):
         stmt = body[i]
+        _hoist_host_reads(plan, i, stmt, env)
+        if i in plan.hoisted:
+            plan.graph.append(i)
+            graph_writes |= names_written(plan.hoisted[i][0])
+            continue
         if does_gpu_work(stmt, env):
             plan.graph.append(i)
             graph_writes |= names_written(stmt)
@@ -145,9 +158,56 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
             m = method_call(n)
             if plan.keys and m is not None and m[1] == "zero_grad":
                 plan.zero_grads.append(n)
-            if isinstance(n, cst.Call) and is_step_op(n, env) and m is not None and m[1] == "step":
-                if env.kind_of(m[0]) == OPTIMIZER and not any(_same(m[0], o) for o in plan.optimizers):
-                    plan.optimizers.append(m[0])
+    region = plan.loop.region
+    graph_nodes = [body[i] for i in plan.graph]
+    for node, site in region.nodes:
+        m = method_call(node)
+        if m is None or m[1] != "step" or not is_step_op(node, site.env) or site.env.kind_of(m[0]) != OPTIMIZER:
+            continue
+        if not any(contains(s, _body_node_of(plan, node)) for s in graph_nodes):
+            continue
+        optimizer = _in_loop_scope(plan, m[0], site.block)
+        if optimizer is None:
+            raise Refusal(f"line {_line(plan, node)}: cannot tell which optimizer the step uses")
+        if not any(_same(optimizer, o) for o in plan.optimizers):
+            plan.optimizers.append(optimizer)
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, replacements: dict[int, cst.BaseExpression]) -> None:
+        self.replacements = replacements
+
+    def on_leave(self, original, updated):
+        return self.replacements.get(id(original), updated)
+
+
+def _hoist_host_reads(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env) -> None:
+    """Split `total += step_tensor_expression.item()` into a captured assignment and a host read."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return
+    small = stmt.body[0]
+    if not isinstance(small, (cst.Assign, cst.AugAssign, cst.Expr)):
+        return
+    reads = []
+    stack = [small]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, cst.Call) and is_host_read_call(n, env):
+            m = method_call(n)
+            receiver = m[0] if m is not None and m[1] in ("item", "tolist", "numpy", "cpu") else (n.args[0].value if n.args else None)
+            if receiver is not None and does_gpu_work(receiver, env):
+                reads.append((n, receiver))
+                continue
+        stack.extend(n.children)
+    if not reads:
+        return
+    target = small.target if isinstance(small, cst.AugAssign) else small.targets[0].target if isinstance(small, cst.Assign) else None
+    base = f"{target.value}_tensor" if isinstance(target, cst.Name) else "step_tensor"
+    names = [fresh_name(base, plan.loop.module.names) for _ in reads]
+    captured = cst.parse_statement(f"{', '.join(names)} = {', '.join(_EMPTY.code_for_node(r) for _, r in reads)}")
+    host = stmt.visit(_Replace({id(r): cst.Name(name) for (_, r), name in zip(reads, names)}))
+    plan.hoisted[index] = (captured.with_changes(leading_lines=stmt.leading_lines), host.with_changes(leading_lines=[]))
+    plan.hoisted_reads.update(id(call) for call, _ in reads)
 
 
 def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env) -> None:
@@ -198,7 +258,7 @@ def _line(plan: Plan, node: cst.CSTNode) -> int:
 def _check_breakers(plan: Plan, analysis: LoopAnalysis, body: list[cst.BaseStatement]) -> None:
     captured = [body[i] for i in plan.graph]
     for f in analysis.findings:
-        if f.rule.code in FIXED_IN_PLACE:
+        if f.rule.code in FIXED_IN_PLACE or id(f.node) in plan.hoisted_reads:
             continue
         if f.rule.code == "GFY301" and any(contains(body[i], _body_node_of(plan, f.node)) for i in plan.graph):
             # An input copied inside the step: CapturedStep moves host inputs to `device` first,
@@ -233,6 +293,7 @@ def _body_node_of(plan: Plan, node: cst.CSTNode) -> cst.CSTNode:
 
 
 def _device_in_loop_scope(plan: Plan, call: cst.Call) -> cst.BaseExpression | None:
+    """The device a `.to(device)` inside the step names, as an expression valid in the loop's scope."""
     region = plan.loop.region
     site = next((st for n, st in region.nodes if n is call), None)
     if site is None or not isinstance(call.func, cst.Attribute):
@@ -240,21 +301,33 @@ def _device_in_loop_scope(plan: Plan, call: cst.Call) -> cst.BaseExpression | No
     if call.func.attr.value == "cuda":
         return cst.SimpleString('"cuda"')
     expr = kwarg(call, "device") or (call.args[0].value if call.args and call.args[0].keyword is None else None)
-    env = site.env
-    while expr is not None and env is not region.body_block.env:
+    return _in_loop_scope(plan, expr, site.block)
+
+
+def _in_loop_scope(plan: Plan, expr: cst.BaseExpression | None, block) -> cst.BaseExpression | None:
+    """`expr`, written in a function the step calls, as an expression valid in the loop's scope:
+    parameters are traced back to their call-site arguments, `self.x` to `obj.x` for `obj.method()`."""
+    region = plan.loop.region
+    while expr is not None and block is not region.body_block:
         name = dotted(expr)
         if isinstance(expr, cst.SimpleString):
             return expr
-        if name is not None and name.startswith("self.") and env.func.cls is not None and env.func.cls is region.body_block.func.cls:
-            return expr
-        if name is None or name not in env.bound:
+        if name is None or block.call is None:
             return None
-        env, expr = env.bound[name]
+        if name in block.env.bound:
+            expr = block.env.bound[name][1]
+        elif name.startswith("self.") and isinstance(block.call.func, cst.Attribute):
+            owner = block.call.func.value
+            if not (isinstance(owner, cst.Name) and owner.value == "self"):
+                expr = cst.parse_expression(f"{_EMPTY.code_for_node(owner)}.{name[5:]}")
+        else:
+            return None
+        block = block.parent
     return expr
 
 
 def _find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enclosing: cst.CSTNode) -> None:
-    graph_stmts = [body[i] for i in plan.graph]
+    graph_stmts = [plan.hoisted[i][0] if i in plan.hoisted else body[i] for i in plan.graph]
     written = set().union(*(names_written(s) for s in graph_stmts))
     read = set().union(*(names_read(s) for s in graph_stmts))
     for index, host in plan.split_ifs.items():  # host statements of keyed ifs leave the step
@@ -269,7 +342,8 @@ def _find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, en
         per_iteration |= names_written(body[i])
     for i in plan.before:
         per_iteration |= names_written(body[i])
-    outside = _names_read_outside(enclosing, set(map(id, graph_stmts)))
+    outside = _names_read_outside(enclosing, {id(body[i]) for i in plan.graph})
+    outside |= set().union(*(names_read(host) for _, host in plan.hoisted.values()))
     defined_outside = names_written(enclosing) - written | per_iteration
     inputs = []
     for name in sorted(read):
@@ -294,6 +368,10 @@ def _names_read_outside(root: cst.CSTNode, excluded: set[int]) -> set[str]:
             continue
         if isinstance(n, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and not isinstance(n, (cst.For, cst.While, cst.If, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef)):
             found |= names_read(n)
+            continue
+        if isinstance(n, (cst.FunctionDef, cst.ClassDef)) and n is not root:
+            # another function sees this scope's names only where it does not bind them itself
+            found |= names_read(n.body) - names_written(n.body)
             continue
         if isinstance(n, (cst.For, cst.While, cst.If, cst.With)):
             header = n.iter if isinstance(n, cst.For) else n.test if isinstance(n, (cst.While, cst.If)) else None

@@ -2,7 +2,7 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of
-from graphify.analysis.names import dotted
+from graphify.analysis.discovery import iter_nodes
 from graphify.rules import rule
 
 HOST_DATA = rule("GFY201", "tensor-from-host-data", "in-loop-allocation", "error", "`torch.tensor`/`as_tensor`/`from_numpy` of host data: the value is frozen at capture", True)
@@ -17,47 +17,7 @@ _FACTORIES = {"zeros", "ones", "full", "empty", "arange", "linspace", "logspace"
               "randperm", "eye", "normal"}
 
 
-def counter_names(ck) -> set[str]:
-    """Host names that change every iteration: loop counters of the step loop and its enclosing loops,
-    and host values computed from them in the loop body."""
-    env = ck.body_env
-    names = set()
-    for node in (ck.loop.node,):
-        if isinstance(node, cst.For):
-            names.update(n.value for n in _names(node.target) if n.value in env.hosts)
-    changed = True
-    assigned = _assigned_in_body(ck)
-    while changed:
-        changed = False
-        for target, value in assigned:
-            if target not in names and target in env.hosts and any(n.value in names for n in _names(value)):
-                names.add(target)
-                changed = True
-    return names
-
-
-def _names(node):
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, cst.Name):
-            yield n
-        stack.extend(n.children)
-
-
-def _assigned_in_body(ck):
-    pairs = []
-    for node, site in ck.nodes():
-        if site.block is ck.region.body_block and isinstance(node, cst.Assign):
-            for t in node.targets:
-                name = dotted(t.target)
-                if name:
-                    pairs.append((name, node.value))
-    return pairs
-
-
 def check(ck):
-    counters = None
     for call, site in ck.calls():
         env = site.env
         qual = env.qualify(call.func) or ""
@@ -73,9 +33,7 @@ def check(ck):
                              "build per-step inputs before the step and copy them into a static buffer; create constants once before the loop",
                              removable)
         elif last in _FACTORIES:
-            if counters is None:
-                counters = counter_names(ck)
-            used = sorted({n.value for a in call.args for n in _names(a.value) if n.value in counters})
+            used = sorted({n.value for a in call.args for n in iter_nodes(a.value) if isinstance(n, cst.Name) and n.value in ck.counters})
             if used:
                 yield ck.finding(FACTORY_HOST_ARGS, call, site,
                                  f"`{code_of(call)}` depends on per-step host value `{used[0]}`, frozen at capture",

@@ -35,7 +35,7 @@ def check(ck):
                     yield ck.finding_at(DDP_MODEL, target[0], target[1], f"`{code_of(target[0])}` runs DDP hooks in the step",
                                         "build DDP on a side stream, turn NCCL async error handling off and warm up 11 steps before capture")
         elif isinstance(node, cst.WithItem):
-            m = method_call(node.item)
-            if m is not None and m[1] == "no_sync":
+            items = [node.item.body, node.item.orelse] if isinstance(node.item, cst.IfExp) else [node.item]
+            if any((m := method_call(i)) is not None and m[1] == "no_sync" for i in items):
                 yield ck.finding(NO_SYNC, node, site, f"`{code_of(node.item)}` toggles gradient sync per step",
                                  "capture one graph per accumulation cycle by hand, or accumulate without no_sync")

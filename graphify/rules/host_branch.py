@@ -2,6 +2,7 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of
+from graphify.analysis.statements import does_gpu_work
 from graphify.analysis.discovery import is_optimizer_step, is_periodic_gpu_branch, iter_nodes, method_call
 from graphify.analysis.values import MODEL, OPTIMIZER, SCALER
 from graphify.rules import rule
@@ -27,6 +28,11 @@ def _is_counter_modulo(test) -> bool:
     return any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo) for n in iter_nodes(test))
 
 
+def _reads_counter(test, ck) -> bool:
+    counters = ck.counters
+    return any(isinstance(n, cst.Name) and n.value in counters for n in iter_nodes(test))
+
+
 def check(ck):
     for node, site in ck.nodes():
         if not isinstance(node, cst.If) or site.env._tensor(node.test, 0) is True:
@@ -35,6 +41,6 @@ def check(ck):
             yield ck.finding(ACCUMULATION, node, site, f"optimizer step under host condition `{code_of(node.test)}`",
                              "capture one graph per accumulation cycle (graphify rewrite does this for `step % k` conditions)",
                              _is_counter_modulo(node.test))
-        elif is_periodic_gpu_branch(node, site.env):
+        elif is_periodic_gpu_branch(node, site.env) or (_reads_counter(node.test, ck) and does_gpu_work(node.body, site.env)):
             yield ck.finding(PERIODIC_WORK, node, site, f"GPU work under host condition `{code_of(node.test)}`",
                              "run this block eagerly between replays (graphify rewrite keeps it outside the graph)")
