@@ -276,7 +276,11 @@ def rule_command(code: str) -> None:
 
 
 # --- rewrite -------------------------------------------------------------------------------------
-# `graphify rewrite` is added here by the owner of graphify/rewrite/. Not defined in this module yet.
+from graphify.rewrite.cli import register as _register_rewrite  # noqa: E402  (click only; the work is imported lazily)
+
+_register_rewrite(cli)
 
 # --- verify --------------------------------------------------------------------------------------
-# `graphify verify` is added here by the owner of graphify/verify/. Not defined in this module yet.
+from graphify.verify.cli import register as _register_verify  # noqa: E402  (click only; the work is imported lazily)
+
+_register_verify(cli)

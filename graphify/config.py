@@ -24,7 +24,6 @@ configured ignore list.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import os
 import re
@@ -185,6 +184,8 @@ def _str_list(value, what: str) -> list[str]:
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    import difflib
+
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
 

@@ -117,12 +117,7 @@ def discover(paths: Sequence[str], settings: Settings, force_exclude: bool = Fal
         try:
             st = os.stat(given)
         except OSError as exc:
-            if exc.errno == errno.ENOENT and os.path.islink(given):
-                errors.append(FileError(given, "broken symbolic link"))
-            elif exc.errno == errno.ENOENT:
-                errors.append(FileError(given, "No such file or directory"))
-            else:
-                errors.append(FileError(given, os_error_message(exc)))
+            errors.append(FileError(given, _stat_error(given, exc)))
             continue
         if stat.S_ISDIR(st.st_mode):
             n_errors = len(errors)
@@ -184,7 +179,7 @@ class _Walker:
                         self.errors.append(FileError(path, os_error_message(exc)))
                         continue
                     key = (st.st_dev, st.st_ino)
-                    if key in ancestors:
+                    if key in ancestors or (entry.is_symlink() and _contains(os.path.realpath(path), folder)):
                         target = os.readlink(path) if entry.is_symlink() else "?"
                         self.errors.append(FileError(path, f"symlink loop: links back to a folder that contains it ({target}); not followed"))
                     elif key not in self.visited:  # a second link to a folder already walked adds nothing
@@ -192,9 +187,11 @@ class _Walker:
                 elif is_file:
                     if entry.name.endswith(".py") and not self._skipped(abs_path, False):
                         yield path
-                elif entry.name.endswith(".py") and entry.is_symlink():
-                    if not self._skipped(abs_path, False):
-                        self.errors.append(FileError(path, _broken_link_message(path)))
+                elif entry.name.endswith(".py") and entry.is_symlink() and not self._skipped(abs_path, False):
+                    try:
+                        os.stat(path)
+                    except OSError as exc:  # a dangling link, or a link loop
+                        self.errors.append(FileError(path, _stat_error(path, exc)))
         finally:
             if pushed:
                 self.ignores.pop()
@@ -249,13 +246,16 @@ class _Walker:
             self.ignores.clear()
 
 
-def _broken_link_message(path: str) -> str:
-    try:
-        os.stat(path)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return "symlink loop (too many levels of symbolic links)"
-    return "broken symbolic link"
+def _contains(outer: str, folder: str) -> bool:
+    """Is `outer` (a real path) `folder` or one of the folders above it?"""
+    inner = os.path.realpath(folder)
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
+
+
+def _stat_error(path: str, exc: OSError) -> str:
+    if exc.errno == errno.ENOENT and os.path.islink(path):
+        return "broken symbolic link"
+    return os_error_message(exc)
 
 
 def _gitignore_spec(path: str):

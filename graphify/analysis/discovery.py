@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -183,6 +184,8 @@ class ModuleAnalysis:
                 return True
         if scope is None:
             return False
+        if re.search(rf"\b{scope.name.value}\s*=\s*{CAPTURED_STEP}\(", self.module.source):
+            return True  # the step function of a loop `graphify rewrite` already captured
         return any(isinstance(n, cst.Attribute) and n.attr.value in ("CUDAGraph", "make_graphed_callables") for n in _iter_nodes(scope.body))
 
     @staticmethod

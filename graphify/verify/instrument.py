@@ -19,7 +19,7 @@ from graphify.analysis.engine import LoopAnalysis, analyze_module
 from graphify.model import Verdict
 from graphify.rewrite import rewrite_source
 from graphify.rewrite.plan import body_of
-from graphify.rewrite.statements import walk
+from graphify.analysis.statements import walk
 
 PROBE = "__graphify_probe__"
 _EMPTY = cst.Module([])
@@ -92,11 +92,14 @@ def _probe(analysis: LoopAnalysis) -> tuple[int, str, bool] | None:
     if not anchors:
         return None
     last = body[anchors[-1]]
-    output = None
+    output, names = None, []
     if isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[0], cst.Assign) and len(last.body[0].targets) == 1:
         target = last.body[0].targets[0].target
-        output = target if isinstance(target, cst.Name) else None
-    return anchors[-1], f"{PROBE}({_code(output) if output is not None else 'None'}, None)", output is not None
+        names = target.elements if isinstance(target, (cst.Tuple, cst.List)) else []
+        if isinstance(target, cst.Name) or (names and all(isinstance(e.value, cst.Name) for e in names)):
+            output = target
+    value = _tuple([_code(e.value) for e in names]) if names else _code(output) if output is not None else "None"
+    return anchors[-1], f"{PROBE}({value}, None)", output is not None
 
 
 def _loss_of(call: cst.Call) -> cst.BaseExpression | None:
@@ -118,7 +121,7 @@ def _loss_of(call: cst.Call) -> cst.BaseExpression | None:
 
 def _code(expr: cst.BaseExpression, attr: bool = False) -> str:
     text = _EMPTY.code_for_node(expr)
-    if attr and not isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+    if attr and not isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)) and not getattr(expr, "lpar", None):
         return f"({text})"
     return text
 

@@ -1,0 +1,67 @@
+"""`graphify rewrite PATHS [--in-place] [--check] [--verify]`; `register(cli)` adds it to a click group."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+
+@click.command("rewrite")
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option("--in-place", is_flag=True, help="Write the rewritten files (atomically) instead of printing a diff.")
+@click.option("--check", "check_only", is_flag=True, help="Exit 1 if any loop could be captured but is not yet (for CI and pre-commit).")
+@click.option("--verify", is_flag=True, help="With --in-place: write a file only if `graphify verify` passes on it.")
+@click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True, help="Steps `--verify` runs.")
+@click.option("--select", metavar="CODES", help="As for `graphify check`.")
+@click.option("--ignore", metavar="CODES", help="As for `graphify check`.")
+def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore) -> None:
+    """Rewrite eligible training and inference loops of PATHS into warmup, capture and replay.
+
+    Prints a unified diff and changes nothing unless --in-place is given. Loops that cannot be
+    captured are left as they are, with the reason. Exit codes: 0 nothing to change, 1 files
+    would change or changed (or, with --check, a loop is not captured yet; or --verify failed),
+    2 usage error or a file that could not be read or rewritten.
+    """
+    from graphify.config import ConfigError, load_settings, split_selectors
+    from graphify.files import discover
+    from graphify.rewrite.command import rewrite_files
+
+    if verify and not in_place:
+        raise click.UsageError("--verify only applies with --in-place")
+    paths = paths or (".",)
+    try:
+        settings = load_settings(paths).with_cli(split_selectors(select), split_selectors(ignore))
+    except ConfigError as exc:
+        click.echo(f"graphify: error: {exc}", err=True)
+        sys.exit(2)
+    files, errors = discover(paths, settings)
+    checker = None
+    if verify:
+        from graphify.verify import verify_file
+
+        def checker(path):
+            report = verify_file(path, steps, [], None, None, settings=settings)
+            return report.passed, report.summary_line() if hasattr(report, "summary_line") else f"exit {report.exit_code}"
+
+    try:
+        run = rewrite_files(files, settings, in_place=in_place, check_only=check_only, verify=checker)
+    except Exception as exc:  # a bug of ours: one line, not a traceback
+        if os.environ.get("GRAPHIFY_DEBUG"):
+            raise
+        click.echo(f"graphify: internal error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(2)
+    for diff in run.diffs:
+        click.echo(diff, nl=False)
+    for note in run.notes:
+        click.echo(note, err=True)
+    for e in errors:
+        click.echo(f"graphify: {e.path}: {e.message}", err=True)
+    for e in run.errors:
+        click.echo(f"graphify: {e}", err=True)
+    sys.exit(2 if errors else run.exit_code)
+
+
+def register(group: click.Group) -> None:
+    group.add_command(rewrite_command)

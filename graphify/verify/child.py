@@ -1,0 +1,222 @@
+"""Runs one version of a script for `graphify verify`:
+
+    python -m graphify.verify.child SCRIPT OUT.json STEPS [--as PATH] [--profile] -- ARGS...
+
+SCRIPT runs as `__main__` with sys.argv = [PATH] + ARGS, `__file__` = PATH and sys.path[0] = PATH's
+folder (PATH: the user's script; SCRIPT: the instrumented copy that actually runs). Random, numpy and
+torch are seeded with 0 first. `__graphify_probe__(value, optimizers)`, which instrumentation put after
+the step, records each step; after STEPS steps it writes OUT.json and OUT.pt (final parameters and
+optimizer state) and ends the script. A script that ends on its own is recorded as far as it got.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import json
+import os
+import random
+import sys
+import time
+import traceback
+import types
+
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch", "cuGraphLaunch")
+PROFILED_STEPS = 5
+
+
+class StopScript(BaseException):
+    """Raised by the probe after the last step; a BaseException so that `except Exception` in the
+    script does not swallow it."""
+
+
+class Recorder:
+    def __init__(self, torch, steps: int, out: str, profile: bool, progress_fd: int) -> None:
+        self.torch, self.steps, self.out, self.profile, self.progress_fd = torch, steps, out, profile, progress_fd
+        self.times: list[float] = []
+        self.values: list[list[float]] = []
+        self.optimizers: tuple = ()
+        self.profiler = None
+        self.profile_result: dict | None = None
+        self.start = time.perf_counter()
+
+    def __call__(self, value, optimizers=None) -> None:
+        torch = self.torch
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if cuda:
+            torch.cuda.synchronize()
+        self.times.append(time.perf_counter())
+        self.values.append(_floats(torch, value))
+        if optimizers is not None:
+            self.optimizers = tuple(optimizers) if isinstance(optimizers, (tuple, list)) else (optimizers,)
+        os.write(self.progress_fd, b".")
+        n = len(self.times)
+        if self.profile and cuda and n == self.steps - PROFILED_STEPS and n >= 15:  # well after capture
+            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+            self.profiler.__enter__()
+        if n >= self.steps:
+            self._stop_profiler()
+            raise StopScript
+
+    def _stop_profiler(self) -> None:
+        if self.profiler is None:
+            return
+        prof, self.profiler = self.profiler, None
+        prof.__exit__(None, None, None)
+        try:
+            self.profile_result = _summarize(prof.events(), self.times[-1] - self.times[-1 - PROFILED_STEPS], PROFILED_STEPS)
+        except Exception as exc:  # the profiler is a bonus: never fail the run for it
+            self.profile_result = {"error": f"{type(exc).__name__}: {exc}"}
+
+    def finish(self, ended: str) -> None:
+        torch = self.torch
+        self._stop_profiler()
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        params, state, params_on_cuda = _optimizer_tensors(torch, self.optimizers)
+        torch.save({"params": params, "state": state}, self.out[:-5] + ".pt")
+        data = {
+            "ended": ended,
+            "start": self.start,
+            "times": self.times,
+            "values": self.values,
+            "profile": self.profile_result,
+            "profiled_steps": PROFILED_STEPS if self.profile_result else 0,
+            "cuda": cuda,
+            "device": torch.cuda.get_device_name() if cuda else "cpu",
+            "on_cuda": params_on_cuda if params else cuda,  # decides the default tolerances
+            "peak_memory": torch.cuda.max_memory_allocated() if cuda else None,
+            "graphs": _captured_graphs(),
+        }
+        with open(self.out, "w") as f:
+            json.dump(data, f)
+
+
+def _floats(torch, value) -> list[float]:
+    if value is None:
+        return []
+    if isinstance(value, (tuple, list)):
+        return [x for v in value for x in _floats(torch, v)]
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _floats(torch, v)]
+    if torch.is_tensor(value):
+        return [float(value.detach().double().sum())]
+    try:
+        return [float(value)]
+    except (TypeError, ValueError):
+        return []
+
+
+def _optimizer_tensors(torch, optimizers) -> tuple[dict, dict, bool]:
+    params, state, on_cuda = {}, {}, False
+    for oi, opt in enumerate(optimizers):
+        for gi, group in enumerate(opt.param_groups):
+            prefix = f"optimizer{oi}.group{gi}"
+            lr = group.get("lr")
+            if lr is not None:
+                state[f"{prefix}.lr"] = torch.tensor(float(lr), dtype=torch.float64)
+            for pi, p in enumerate(group["params"]):
+                on_cuda = on_cuda or p.is_cuda
+                params[f"{prefix}.param{pi}"] = p.detach().cpu().clone()
+                for key, v in opt.state.get(p, {}).items():
+                    if torch.is_tensor(v):
+                        state[f"{prefix}.param{pi}.{key}"] = v.detach().cpu().clone()
+    return params, state, on_cuda
+
+
+def _summarize(events, window_s: float, steps: int) -> dict:
+    """Kernels per step, launch calls per step, and the CPU time of launch calls over the step time."""
+    from torch.autograd import DeviceType
+
+    kernels = launches = graph_launches = 0
+    launch_us = 0.0
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            if not e.name.startswith(("Memcpy", "Memset")):
+                kernels += 1
+        elif e.name in LAUNCH_CALLS:
+            launches += 1
+            graph_launches += "Graph" in e.name
+            launch_us += e.time_range.elapsed_us()
+    return {
+        "kernels_per_step": kernels / steps,
+        "launches_per_step": launches / steps,
+        "graph_launches_per_step": graph_launches / steps,
+        "launch_share": (launch_us / 1e6) / window_s if window_s > 0 else None,
+    }
+
+
+def _captured_graphs() -> int | None:
+    """CUDA graphs held by CapturedStep helpers (None when there is no such helper)."""
+    import gc
+
+    helpers = [o for o in gc.get_objects() if type(o).__name__ == "CapturedStep" and isinstance(getattr(o, "graphs", None), dict)]
+    return sum(len(h.graphs) for h in helpers) if helpers else None
+
+
+def _seed(torch) -> None:
+    random.seed(0)
+    try:
+        import numpy
+
+        numpy.random.seed(0)
+    except ImportError:
+        pass
+    torch.manual_seed(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(prog="python -m graphify.verify.child")
+    parser.add_argument("script")
+    parser.add_argument("out")
+    parser.add_argument("steps", type=int)
+    parser.add_argument("--as", dest="as_path")
+    parser.add_argument("--profile", action="store_true")
+    ns = parser.parse_args(argv[:split])
+    script_args = argv[split + 1:]
+    as_path = os.path.abspath(ns.as_path or ns.script)
+
+    import torch
+
+    with open(ns.script, encoding="utf-8") as f:
+        code = compile(f.read(), ns.script, "exec")
+    progress_fd = os.open(ns.out[:-5] + ".progress", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    recorder = Recorder(torch, ns.steps, ns.out, ns.profile, progress_fd)
+    builtins.__graphify_probe__ = recorder
+    sys.argv = [as_path] + script_args
+    sys.path[0] = os.path.dirname(as_path)
+    module = types.ModuleType("__main__")
+    module.__file__ = as_path
+    module.__builtins__ = builtins
+    sys.modules["__main__"] = module
+    _seed(torch)
+    code_ = 0
+    try:
+        try:
+            exec(code, module.__dict__)
+            ended = "script-ended"
+        except StopScript:
+            ended = "steps"
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                raise
+            ended = "script-ended"
+        recorder.finish(ended)
+    except SystemExit as exc:
+        code_ = exc.code if isinstance(exc.code, int) else 1
+        if not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=sys.stderr)
+    except BaseException as exc:  # the script's traceback, without this module's frame
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next or exc.__traceback__)
+        code_ = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code_)  # threads the script left running (loggers, loader workers) must not keep it alive
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""What `graphify verify` shows: a live progress display while running, then the result tables."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from graphify.verify.report import VerifyReport
+
+
+class Progress:
+    """Live display on stderr: the current stage and one bar per version."""
+
+    def __init__(self, console: Console) -> None:
+        self.bars = RichProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("steps"), TimeElapsedColumn(), console=console, transient=True)
+        self.tasks: dict[str, int] = {}
+        self.status = self.bars.add_task("starting", total=None)
+
+    def __enter__(self) -> "Progress":
+        self.bars.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bars.stop()
+
+    def stage(self, text: str) -> None:
+        self.bars.update(self.status, description=text)
+
+    def step(self, label: str, done: int, total: int) -> None:
+        if label not in self.tasks:
+            self.tasks[label] = self.bars.add_task(label, total=total)
+        self.bars.update(self.tasks[label], completed=min(done, total))
+
+
+def render(report: VerifyReport, console: Console) -> None:
+    loop = report.loop
+    if loop:
+        where = f"{loop['kind']} loop at line {loop['line']}" + (f" in {loop['function']}" if loop["function"] else "")
+        device = report.original.data.get("device") if report.original is not None and report.original.ok else None
+        console.print(f"[bold]{report.path}[/]: {where}, captured as {loop['step_function']}" + (f"; ran on {device}" if device else ""))
+    if report.original is not None and report.original.ok and report.rewrite is not None:
+        console.print(_runs_table(report))
+    if report.comparison is not None:
+        console.print(_equivalence_table(report))
+        if not report.loop["records_values"]:
+            console.print("note: the probe found no scalar loss (or output) to record; only the final state is compared")
+    if report.verdict:
+        speedup = report.speedup
+        console.print(f"speedup: {speedup:.2f}x" if speedup else "speedup: not measured")
+        console.print(f"verdict: {report.verdict}")
+    style = {0: "bold green", 1: "bold red"}.get(report.exit_code, "bold yellow")
+    console.print(f"[{style}]{report.status.upper()}[/]: {report.message}", highlight=False)
+    if report.detail:
+        console.print(report.detail, markup=False, highlight=False)
+    if report.workdir:
+        console.print(f"files kept in {report.workdir}")
+
+
+def _runs_table(report: VerifyReport) -> Table:
+    runs = [r for r in (report.original, report.rewrite) if r is not None and r.data]
+    table = Table("", *[r.label for r in runs], title="runs", title_justify="left")
+    table.columns[0].no_wrap = True
+    profiles = [r.data.get("profile") or {} for r in runs]
+    rows = [
+        ("steps", [str(r.steps) for r in runs]),
+        ("ms / step", [_fmt(r.step_ms, "{:.2f}") for r in runs]),
+        ("setup s", [_fmt(r.setup_s, "{:.3f}") for r in runs]),
+        ("peak memory", [_bytes(r.data.get("peak_memory")) for r in runs]),
+        ("kernels / step", [_fmt(p.get("kernels_per_step"), "{:.0f}") for p in profiles]),
+        ("launches / step", [_fmt(p.get("launches_per_step"), "{:.0f}") for p in profiles]),
+        ("launch share", [_fmt(p.get("launch_share"), "{:.0%}") for p in profiles]),
+        ("graphs captured", [_fmt(r.data.get("graphs"), "{}") for r in runs]),
+    ]
+    for name, cells in rows:
+        table.add_row(name, *cells)
+    return table
+
+
+def _equivalence_table(report: VerifyReport) -> Table:
+    c = report.comparison
+    tol = "exact" if c.exact else f"rtol {c.rtol:g}, atol {c.atol:g}"
+    table = Table("", "compared", "max abs diff", "max rel diff", "first mismatch", "", title=f"equivalence ({tol})", title_justify="left")
+    table.columns[0].no_wrap = True
+    rows = [("steps", None), ("losses" if report.loop["kind"] == "train" else "outputs", c.losses),
+            ("parameters", c.params), ("optimizer state", c.state)]
+    for name, d in rows:
+        if d is None:
+            ok = c.steps[0] == c.steps[1]
+            table.add_row(name, f"{c.steps[0]} / {c.steps[1]}", "", "", "", _mark(ok))
+            continue
+        mismatch = d.first_bad or (d.problems[0] if d.problems else "")
+        table.add_row(name, str(d.compared), _fmt(d.max_abs, "{:.3g}"), _fmt(d.max_rel, "{:.3g}"), mismatch, _mark(d.ok))
+    return table
+
+
+def _mark(ok: bool) -> str:
+    return "[green]ok[/]" if ok else "[red]DIFFERS[/]"
+
+
+def _fmt(value, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def _bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return "-"

@@ -1,0 +1,114 @@
+"""The outcome of `graphify verify`: plain data, the speed verdict, and the JSON document."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PASSED, FAILED, ERROR = 0, 1, 2  # exit codes: equivalent / not equivalent / could not run
+
+
+@dataclass
+class VerifyReport:
+    path: str
+    steps_requested: int
+    args: list[str] = field(default_factory=list)
+    exit_code: int = ERROR
+    message: str = ""
+    detail: str = ""  # stderr tail of a failed run
+    loop: dict | None = None  # {"line", "kind", "function", "step_function", "records_values"}
+    original: object | None = None  # runner.RunResult
+    rewrite: object | None = None
+    comparison: object | None = None  # compare.Comparison
+    workdir: str | None = None  # kept files (--keep)
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == PASSED
+
+    @property
+    def status(self) -> str:
+        return {PASSED: "passed", FAILED: "failed"}.get(self.exit_code, "error")
+
+    @property
+    def on_cuda(self) -> bool:
+        return bool(self.original is not None and self.original.data.get("on_cuda"))
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.on_cuda or self.original is None or self.rewrite is None:
+            return None
+        a, b = self.original.step_ms, self.rewrite.step_ms
+        return a / b if a and b else None
+
+    @property
+    def verdict(self) -> str | None:
+        if self.original is None or self.rewrite is None or not self.rewrite.ok:
+            return None
+        return speed_verdict(self)
+
+    def to_dict(self) -> dict:
+        c = self.comparison
+        doc = {
+            "path": self.path,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "message": self.message,
+            "detail": self.detail or None,
+            "steps_requested": self.steps_requested,
+            "args": self.args,
+            "loop": self.loop,
+            "device": self.original.data.get("device") if self.original is not None and self.original.ok else None,
+            "on_cuda": self.on_cuda,
+            "tolerance": {"rtol": c.rtol, "atol": c.atol, "exact": c.exact} if c else None,
+            "steps": {"original": c.steps[0], "rewrite": c.steps[1]} if c else None,
+            "losses": dict(c.losses.to_dict(), first_divergent_step=c.first_divergent_step()) if c else None,
+            "params": c.params.to_dict() if c else None,
+            "optimizer_state": c.state.to_dict() if c else None,
+            "runs": {r.label: _run_dict(r) for r in (self.original, self.rewrite) if r is not None},
+            "speedup": self.speedup,
+            "verdict": self.verdict,
+            "workdir": self.workdir,
+        }
+        return doc
+
+
+def _run_dict(run) -> dict:
+    d = run.data
+    return {
+        "ok": run.ok,
+        "returncode": run.returncode,
+        "timed_out": run.timed_out,
+        "steps": run.steps,
+        "ended": d.get("ended"),
+        "ms_per_step": run.step_ms,
+        "setup_s": run.setup_s,
+        "peak_memory_bytes": d.get("peak_memory"),
+        "graphs_captured": d.get("graphs"),
+        "profile": d.get("profile"),
+        "values": d.get("values"),
+    }
+
+
+def speed_verdict(report: VerifyReport) -> str:
+    """The rule of thumb: CUDA graphs pay off when launch overhead is a large share of the step and
+    shapes are stable."""
+    original, rewrite = report.original, report.rewrite
+    if not report.on_cuda:
+        return "no CUDA: both versions ran the same eager code on the CPU, so no speedup can be measured here; run on a GPU"
+    if not rewrite.data.get("graphs"):
+        return "the rewrite captured no CUDA graph: every step ran eagerly, so it cannot be faster"
+    speedup = report.speedup
+    measured = f" (measured {speedup:.2f}x)" if speedup else ""
+    replays = (rewrite.data.get("profile") or {}).get("graph_launches_per_step")
+    share = (original.data.get("profile") or {}).get("launch_share")
+    if replays is not None and replays < 0.99:
+        return f"shapes are not stable: only {replays:.2f} graph replays per step, the other steps ran eagerly; graphs cannot pay off while shapes change{measured}"
+    if share is None:
+        if speedup is None:
+            return "no timing: too few steps"
+        return ("CUDA graphs pay off here" if speedup >= 1.1 else "CUDA graphs gain little here") + measured + "; no profile of launch overhead"
+    if share >= 0.3:
+        return f"launch-bound: kernel launches took {share:.0%} of the eager step, so CUDA graphs pay off{measured}"
+    if share < 0.1:
+        return f"GPU-bound: kernel launches took only {share:.0%} of the eager step, so CUDA graphs gain little{measured}"
+    return f"kernel launches took {share:.0%} of the eager step: expect a moderate gain from CUDA graphs{measured}"

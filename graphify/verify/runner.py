@@ -1,0 +1,146 @@
+"""Runs one version of a script in its own process (graphify.verify.child) and reads what it recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import graphify
+
+SETUP_STEPS = 4  # steps 1-4 (after the first): warmup and capture in the rewrite
+TAIL_CHARS = 3000
+
+
+@dataclass
+class RunResult:
+    label: str  # "original" | "rewrite"
+    returncode: int
+    stderr_tail: str = ""
+    timed_out: bool = False
+    data: dict = field(default_factory=dict)  # OUT.json of the child
+    tensors: dict = field(default_factory=dict)  # {"params": {...}, "state": {...}}
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and bool(self.data)
+
+    @property
+    def steps(self) -> int:
+        return len(self.data.get("times", []))
+
+    @property
+    def durations(self) -> list[float]:
+        """Seconds between consecutive probes: the duration of steps 2, 3, ... (step 1 includes the
+        script's own start-up and is not timed)."""
+        t = self.data.get("times", [])
+        return [b - a for a, b in zip(t, t[1:])]
+
+    def _steady(self) -> list[float]:
+        d = self.durations
+        end = len(d) - self.data.get("profiled_steps", 0)  # the profiler slows the steps it watches
+        return d[SETUP_STEPS:end] or d[SETUP_STEPS:] or d
+
+    @property
+    def step_ms(self) -> float | None:
+        steady = self._steady()
+        return statistics.median(steady) * 1e3 if steady else None
+
+    @property
+    def setup_s(self) -> float | None:
+        """Time of the first steps beyond steady steps: warmup and capture (rewrite), lazy init (both)."""
+        d = self.durations
+        if len(d) < SETUP_STEPS + 3:
+            return None
+        return max(0.0, sum(d[:SETUP_STEPS]) - SETUP_STEPS * statistics.median(self._steady()))
+
+
+def run_version(
+    label: str,
+    code: str,
+    script: str,
+    steps: int,
+    args: Sequence[str],
+    workdir: str,
+    *,
+    profile: bool = False,
+    timeout: float | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> RunResult:
+    """Write `code` as `workdir/label/<script name>` and run it as if it were `script`."""
+    folder = os.path.join(workdir, label)
+    os.makedirs(folder, exist_ok=True)
+    copy = os.path.join(folder, os.path.basename(script))
+    with open(copy, "w", encoding="utf-8") as f:
+        f.write(code)
+    out = os.path.join(workdir, f"{label}.json")
+    progress = out[:-5] + ".progress"
+    cmd = [sys.executable, "-m", "graphify.verify.child", copy, out, str(steps), "--as", os.path.abspath(script)]
+    if profile:
+        cmd.append("--profile")
+    cmd += ["--", *args]
+    with open(os.path.join(workdir, f"{label}.stdout"), "wb") as stdout, open(os.path.join(workdir, f"{label}.stderr"), "wb") as stderr:
+        proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.abspath(script)), env=child_env(),
+                                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True)
+        timed_out = _wait(proc, progress, timeout, on_step)
+    result = RunResult(label, proc.returncode, _tail(workdir, label), timed_out)
+    if proc.returncode == 0 and os.path.exists(out):
+        with open(out) as f:
+            result.data = json.load(f)
+        import torch
+
+        result.tensors = torch.load(out[:-5] + ".pt", map_location="cpu", weights_only=True)
+    return result
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONHASHSEED"] = "0"
+    env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(graphify.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _wait(proc: subprocess.Popen, progress: str, timeout: float | None, on_step) -> bool:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    seen = -1
+    while True:
+        try:
+            proc.wait(timeout=0.1)
+            done = True
+        except subprocess.TimeoutExpired:
+            done = False
+        if on_step is not None:
+            steps = os.path.getsize(progress) if os.path.exists(progress) else 0
+            if steps != seen:
+                seen = steps
+                on_step(steps)
+        if done:
+            return False
+        if deadline is not None and time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)  # the child's own session: the script and its workers
+            proc.wait()
+            return True
+
+
+def _tail(workdir: str, label: str) -> str:
+    parts = []
+    for stream in ("stderr", "stdout"):
+        try:
+            with open(os.path.join(workdir, f"{label}.{stream}"), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - TAIL_CHARS))
+                text = f.read().decode("utf-8", "replace").strip()
+        except OSError:
+            text = ""
+        if text:
+            parts.append(text)
+            break  # stderr when there is any, else stdout
+    return parts[0] if parts else ""

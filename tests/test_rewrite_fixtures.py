@@ -1,0 +1,61 @@
+"""Golden rewrites: every fixture with a capturable loop has its expected rewrite in fixtures/rewrite/.
+
+Regenerate after a deliberate change with GRAPHIFY_UPDATE_FIXTURES=1 and review the diff.
+"""
+
+import os
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from fixture_cases import REWRITE, cases, entry_script, expectations
+from graphify.analysis.engine import analyze_source
+from graphify.rewrite import rewrite_source
+
+UPDATE = os.environ.get("GRAPHIFY_UPDATE_FIXTURES") == "1"
+
+
+def rewritable_cases():
+    return [c for c in cases() if any(v in ("capturable", "capturable-after-rewrite") for *_, v in expectations(c)[1])]
+
+
+def golden_path(case: Path) -> Path:
+    return REWRITE / case.name / "train.py" if case.is_dir() else REWRITE / case.name
+
+
+@pytest.mark.parametrize("case", rewritable_cases(), ids=lambda p: p.name)
+def test_rewrite_matches_golden(case, settings):
+    script = entry_script(case)
+    source = script.read_text()
+    result = rewrite_source(source, str(script), settings)
+    assert not result.errors
+    assert result.changed, [o.reasons for o in result.outcomes]
+    golden = golden_path(case)
+    if UPDATE:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(result.code)
+    assert golden.exists(), f"no golden rewrite {golden}; run with GRAPHIFY_UPDATE_FIXTURES=1"
+    assert result.code == golden.read_text()
+
+
+@pytest.mark.parametrize("case", rewritable_cases(), ids=lambda p: p.name)
+def test_rewrite_is_idempotent_and_clean(case, settings):
+    script = entry_script(case)
+    once = rewrite_source(script.read_text(), str(script), settings).code
+    cst.parse_module(once)
+    twice = rewrite_source(once, str(script), settings)
+    assert twice.code == once
+    # the rewritten loops are captured: nothing eligible is left for `graphify rewrite --check`
+    report = analyze_source(once, str(script), settings)
+    assert [lp.line for lp in report.loops if lp.verdict.value != "not-capturable"] == []
+
+
+def test_untouched_code_is_byte_identical(settings):
+    case = next(c for c in rewritable_cases() if c.name == "mnist_main_function.py")
+    source = case.read_text()
+    code = rewrite_source(source, str(case), settings).code
+    # every original line outside the rewritten loops survives, in order
+    kept = iter(code.splitlines())
+    missing = [line for line in source.splitlines()[:40] if not any(line == k for k in kept)]
+    assert missing == []
