@@ -9,11 +9,23 @@ from typing import Iterator
 import libcst as cst
 
 from graphify.analysis.discovery import (
-    Loop, Site, is_model_call, is_optimizer_step, is_step_op, iter_nodes, method_call, unwrap_iterable,
+    Loop,
+    Site,
+    is_model_call,
+    is_optimizer_step,
+    is_step_op,
+    iter_nodes,
+    method_call,
+    unwrap_iterable,
 )
 from graphify.analysis.names import dotted
 from graphify.analysis.program import ModuleInfo
-from graphify.analysis.values import ADAM_FAMILY, OPTIMIZER, SCALER, Env, is_torch_tensor_call
+from graphify.analysis.values import (
+    ADAM_FAMILY,
+    SCALER,
+    Env,
+    is_torch_tensor_call,
+)
 from graphify.model import Rule
 
 _EMPTY_MODULE = cst.Module([])

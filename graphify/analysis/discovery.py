@@ -10,8 +10,17 @@ import libcst as cst
 
 from graphify.analysis.names import dotted
 from graphify.analysis.program import FunctionInfo, ModuleInfo
+from graphify.analysis.tree import children
 from graphify.analysis.values import (
-    DDP, ENV, LOADER, LOSS, MODEL, OPTIMIZER, SCALER, SCHEDULER, Env,
+    DDP,
+    ENV,
+    LOADER,
+    LOSS,
+    MODEL,
+    OPTIMIZER,
+    SCALER,
+    SCHEDULER,
+    Env,
 )
 
 MAX_CALL_DEPTH = 4
@@ -123,7 +132,7 @@ def is_step_op(node: cst.CSTNode, env: Env) -> bool:
 
 
 def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    return node.children
+    return children(node)
 
 
 # ---- analysis of one module --------------------------------------------------------------------
@@ -208,9 +217,8 @@ class ModuleAnalysis:
         seeds: dict[str, bool] = {}
         if isinstance(node, cst.For):
             seed_loop_target(node.target, node.iter, env, seeds)
-        stmts = [func.node] if func.node is not None else list(self.module.tree.body)
         self._bind_from_call_site(func, env, seeds)
-        env.infer(seeds, stmts)
+        env.infer(seeds, func.scope)
         return env
 
     def _bind_from_call_site(self, func: FunctionInfo, env: Env, seeds: dict[str, bool]) -> None:
@@ -328,7 +336,7 @@ class ModuleAnalysis:
             verdict = caller.env._tensor(arg.value, 0)
             if verdict is not None:
                 seeds[name] = verdict
-        env.infer(seeds, [info.node])
+        env.infer(seeds, info.scope)
         return Block(info, env, list(info.node.body.body), call, caller)
 
     # ---- walking ----------------------------------------------------------------------------
@@ -441,7 +449,7 @@ def _iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         n = stack.pop()
         yield n
         if not isinstance(n, _SKIP):
-            stack.extend(n.children)
+            stack.extend(children(n))
 
 
 def iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:

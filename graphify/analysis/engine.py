@@ -10,6 +10,7 @@ import libcst as cst
 from graphify.analysis.checker import Checker, Finding
 from graphify.analysis.discovery import Loop, ModuleAnalysis
 from graphify.analysis.program import ModuleInfo, Program
+from graphify.analysis.tree import forget
 from graphify.model import Diagnostic, FileError, LoopReport, Report, Verdict
 
 # Files that cannot hold a training or inference loop are not parsed at all.
@@ -48,6 +49,7 @@ def analyze_module(source: str, path: str, settings, program: Program | None = N
     except cst.ParserSyntaxError as e:
         report.errors.append(FileError(path, f"syntax error at line {e.raw_line}, column {e.raw_column + 1}: {e.message}"))
         return ModuleResult(None, [], report)
+    forget()
     program = program or Program()
     module = program.add(path, source, tree)
     suppressions: dict[str, object] = {}

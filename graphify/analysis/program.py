@@ -10,6 +10,7 @@ import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from graphify.analysis.names import Aliases
+from graphify.analysis.tree import children
 from graphify.analysis.values import Env, Scope, collect_scope
 
 
@@ -93,7 +94,7 @@ class ModuleInfo:
             n = stack.pop()
             if isinstance(n, cst.Name):
                 found.add(n.value)
-            stack.extend(n.children)
+            stack.extend(children(n))
         return found
 
     @cached_property

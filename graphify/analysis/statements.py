@@ -8,6 +8,7 @@ import libcst as cst
 
 from graphify.analysis.checker import is_logging_call
 from graphify.analysis.discovery import is_model_call, is_step_op, method_call
+from graphify.analysis.tree import children
 from graphify.analysis.values import MODEL, OPTIMIZER, SCALER, Env, is_torch_tensor_call
 
 _NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -20,7 +21,7 @@ def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         n = stack.pop()
         yield n
         if not isinstance(n, _NESTED) or n is node:
-            stack.extend(reversed(n.children))
+            stack.extend(reversed(children(n)))
 
 
 def names_written(node: cst.CSTNode) -> set[str]:
@@ -79,7 +80,7 @@ def names_read(node: cst.CSTNode) -> set[str]:
         elif isinstance(n, _NESTED):
             return
         else:
-            for c in n.children:
+            for c in children(n):
                 visit(c)
 
     def visit_target(t: cst.CSTNode) -> None:
@@ -135,7 +136,7 @@ def does_gpu_work(node: cst.CSTNode, env: Env) -> bool:
             return True
         elif isinstance(n, (cst.AugAssign,)) and (env.is_tensor(n.target) or env.is_tensor(n.value)):
             return True
-        stack.extend(n.children)
+        stack.extend(children(n))
     return False
 
 

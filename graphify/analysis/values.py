@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphify.analysis.names import Aliases, dotted
+from graphify.analysis.tree import children
 
 MODEL, OPTIMIZER, SCHEDULER, SCALER, LOADER, LOSS, DDP, GENERATOR, ENV, ACCELERATOR = (
     "model", "optimizer", "scheduler", "scaler", "loader", "loss", "ddp", "generator", "env", "accelerator",
@@ -83,61 +84,47 @@ def target_names(target: cst.BaseExpression) -> list[str]:
     return [name] if name else []
 
 
-class _ScopeCollector(cst.CSTVisitor):
-    """Collects assignments in one body, without entering nested functions or classes."""
-
-    def __init__(self, scope: Scope) -> None:
-        self.scope = scope
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        return False
-
-    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
-        if isinstance(target, (cst.Tuple, cst.List)):
-            values = value.elements if isinstance(value, (cst.Tuple, cst.List)) else None
-            for i, el in enumerate(target.elements):
-                if values is not None and i < len(values) and not isinstance(el, cst.StarredElement):
-                    self._bind(el.value, values[i].value)
-                else:
-                    # Unpacking an opaque value: each part is bound to a subscript of it.
-                    part = cst.Subscript(value, [cst.SubscriptElement(cst.Index(cst.Integer(str(i))))])
-                    self._bind(el.value if not isinstance(el, cst.StarredElement) else el.value, part)
-            return
-        name = dotted(target)
-        if name:
-            self.scope.add(name, value)
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        for t in node.targets:
-            self._bind(t.target, node.value)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if node.value is not None:
-            self._bind(node.target, node.value)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        name = dotted(node.target)
-        if name:
-            self.scope.add(name, cst.BinaryOperation(node.target, cst.Add(), node.value))
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._bind(node.target, node.value)
-
-    def visit_WithItem(self, node: cst.WithItem) -> None:
-        if node.asname is not None:
-            self._bind(node.asname.name, node.item)
+def _bind(scope: Scope, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+    if isinstance(target, (cst.Tuple, cst.List)):
+        values = value.elements if isinstance(value, (cst.Tuple, cst.List)) else None
+        for i, el in enumerate(target.elements):
+            if values is not None and i < len(values) and not isinstance(el, cst.StarredElement):
+                _bind(scope, el.value, values[i].value)
+            else:
+                # Unpacking an opaque value: each part is bound to a subscript of it.
+                part = cst.Subscript(value, [cst.SubscriptElement(cst.Index(cst.Integer(str(i))))])
+                _bind(scope, el.value, part)
+        return
+    name = dotted(target)
+    if name:
+        scope.add(name, value)
 
 
 def collect_scope(body: cst.CSTNode, scope: Scope | None = None) -> Scope:
+    """Assignments in one body, without entering nested functions or classes."""
     scope = scope or Scope()
     if isinstance(body, (cst.FunctionDef, cst.ClassDef)):
-        for stmt in body.body.body if isinstance(body.body, cst.IndentedBlock) else [body.body]:
-            stmt.visit(_ScopeCollector(scope))
+        stack = list(reversed(body.body.body)) if isinstance(body.body, cst.IndentedBlock) else [body.body]
     else:
-        body.visit(_ScopeCollector(scope))
+        stack = [body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        if isinstance(node, cst.Assign):
+            for t in node.targets:
+                _bind(scope, t.target, node.value)
+        elif isinstance(node, cst.AnnAssign) and node.value is not None:
+            _bind(scope, node.target, node.value)
+        elif isinstance(node, cst.AugAssign):
+            name = dotted(node.target)
+            if name:
+                scope.add(name, cst.BinaryOperation(node.target, cst.Add(), node.value))
+        elif isinstance(node, cst.NamedExpr):
+            _bind(scope, node.target, node.value)
+        elif isinstance(node, cst.WithItem) and node.asname is not None:
+            _bind(scope, node.asname.name, node.item)
+        stack.extend(reversed(children(node)))
     return scope
 
 
@@ -362,7 +349,7 @@ class Env:
         info = self.module.function_info(fn, cls)
         env = info.new_env()
         env.module = self.module
-        env.infer({}, [fn])
+        env.infer({}, info.scope)
         verdicts = set()
         for node in _returns(fn):
             value = node.value
@@ -370,13 +357,10 @@ class Env:
             verdicts.update(env._tensor(p, depth + 1) for p in parts)
         return True if True in verdicts else (False if verdicts == {False} else None)
 
-    def infer(self, seeds: dict[str, bool], statements: list[cst.CSTNode]) -> None:
-        """Fixed-point over the assignments in `statements`, seeded with known tensor/host names."""
+    def infer(self, seeds: dict[str, bool], local: Scope) -> None:
+        """Fixed-point over the assignments of `local`, seeded with known tensor/host names."""
         for name, is_tensor in seeds.items():
             (self.tensors if is_tensor else self.hosts).add(name)
-        local = Scope()
-        for stmt in statements:
-            collect_scope(stmt, local)
         for _ in range(6):
             changed = False
             for name, values in local.values.items():
@@ -394,13 +378,13 @@ class Env:
 
 
 def _returns(fn: cst.FunctionDef):
-    stack = list(fn.body.children)
+    stack = list(children(fn.body))
     while stack:
         node = stack.pop()
         if isinstance(node, cst.Return) and node.value is not None:
             yield node
         elif not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            stack.extend(node.children)
+            stack.extend(children(node))
 
 
 def kind_by_name(name: str) -> str | None:

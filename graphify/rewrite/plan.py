@@ -14,13 +14,26 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphify.analysis.checker import kwarg
-from graphify.analysis.discovery import Loop, is_backward, is_model_call, is_step_op, method_call
+from graphify.analysis.discovery import (
+    Loop,
+    is_backward,
+    is_model_call,
+    is_step_op,
+    method_call,
+)
 from graphify.analysis.engine import LoopAnalysis, removable
 from graphify.analysis.names import dotted
-from graphify.rewrite.names import fresh_name
+from graphify.analysis.statements import (
+    contains,
+    does_gpu_work,
+    is_host_read_call,
+    names_read,
+    names_written,
+    walk,
+)
+from graphify.analysis.tree import children
 from graphify.analysis.values import OPTIMIZER, SCALER, Env
-from graphify.model import Verdict
-from graphify.analysis.statements import contains, is_host_read_call, does_gpu_work, names_read, names_written, walk
+from graphify.rewrite.names import fresh_name
 
 # Breakers the rewrite fixes where they stand, inside the captured step.
 FIXED_IN_PLACE = {"GFY401", "GFY251", "GFY422", "GFY501", "GFY411", "GFY412"}
@@ -198,7 +211,7 @@ def _hoist_host_reads(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env)
             if receiver is not None and does_gpu_work(receiver, env):
                 reads.append((n, receiver))
                 continue
-        stack.extend(n.children)
+        stack.extend(children(n))
     if not reads:
         return
     target = small.target if isinstance(small, cst.AugAssign) else small.targets[0].target if isinstance(small, cst.Assign) else None
@@ -380,7 +393,7 @@ def _names_read_outside(root: cst.CSTNode, excluded: set[int]) -> set[str]:
             if isinstance(n, cst.With):
                 for item in n.items:
                     found |= names_read(item.item)
-        stack.extend(n.children)
+        stack.extend(children(n))
     return found
 
 
@@ -433,7 +446,7 @@ def _uses(stmt: cst.CSTNode, name: str):
             return
         if isinstance(n, (cst.FunctionDef, cst.ClassDef)):
             return
-        for c in n.children:
+        for c in children(n):
             yield from visit(c, parents + (n,))
 
     yield from visit(stmt, ())

@@ -2,8 +2,13 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of
+from graphify.analysis.discovery import (
+    is_optimizer_step,
+    is_periodic_gpu_branch,
+    iter_nodes,
+    method_call,
+)
 from graphify.analysis.statements import does_gpu_work
-from graphify.analysis.discovery import is_optimizer_step, is_periodic_gpu_branch, iter_nodes, method_call
 from graphify.analysis.values import MODEL, OPTIMIZER, SCALER
 from graphify.rules import rule
 

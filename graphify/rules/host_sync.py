@@ -1,6 +1,13 @@
 """host-sync: operations that make the CPU wait for the GPU."""
 import libcst as cst
-from graphify.analysis.checker import code_of, is_cpu_arg, is_logging_call, is_true, kwarg
+
+from graphify.analysis.checker import (
+    code_of,
+    is_cpu_arg,
+    is_logging_call,
+    is_true,
+    kwarg,
+)
 from graphify.analysis.discovery import method_call
 from graphify.analysis.values import DDP, LOSS, MODEL
 from graphify.rules import rule

@@ -1,0 +1,92 @@
+"""rewrite_source: one file in, its rewrite (and what happened to each loop) out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from graphify.analysis.engine import analyze_module
+from graphify.model import FileError, Verdict
+from graphify.rewrite import runtime
+from graphify.rewrite.emit import Emission, Rewriter
+from graphify.rewrite.names import fresh_name
+
+
+@dataclass
+class LoopOutcome:
+    path: str
+    line: int
+    kind: str
+    function: str | None
+    verdict: Verdict
+    rewritten: bool
+    reasons: list[str] = field(default_factory=list)
+    step_name: str | None = None
+
+
+@dataclass
+class RewriteResult:
+    path: str
+    source: str
+    code: str
+    outcomes: list[LoopOutcome] = field(default_factory=list)
+    errors: list[FileError] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.code != self.source
+
+
+def _has_helper(tree: cst.Module) -> bool:
+    return any(isinstance(s, cst.ClassDef) and s.name.value == runtime.CLASS_NAME for s in tree.body)
+
+
+def rewrite_source(source: str, path: str, settings=None) -> RewriteResult:
+    """Rewrite every eligible loop of one file. Never raises for bad input; never returns code that
+    does not parse."""
+    if settings is None:
+        from graphify.config import Settings
+
+        settings = Settings()
+    result = analyze_module(source, path, settings)
+    out = RewriteResult(path, source, source, errors=list(result.report.errors))
+    if result.module is None or not result.loops:
+        return out
+    tree = result.module.tree
+    taken = result.module.names
+    emissions = []
+    for analysis in result.loops:
+        loop = analysis.loop
+        line = loop.module.position(loop.node).start.line
+        outcome = LoopOutcome(path, line, loop.kind, loop.func.qualname, analysis.verdict, False, list(analysis.reasons))
+        out.outcomes.append(outcome)
+        plan = analysis.plan
+        if plan is None:
+            continue
+        anchor = next((a for a in loop.ancestors if isinstance(a, (cst.For, cst.While)) and _same_function(a, loop)), loop.node)
+        step_name = fresh_name("train_step" if loop.kind == "train" else "inference_step", taken)
+        emissions.append(Emission(plan, step_name, anchor))
+        outcome.rewritten, outcome.step_name = True, step_name
+    if not emissions:
+        return out
+    helper_present = _has_helper(tree)
+    helper_name = runtime.CLASS_NAME if helper_present or runtime.CLASS_NAME not in taken else fresh_name(runtime.CLASS_NAME, taken)
+    new_tree = tree.visit(Rewriter(emissions, helper_name, add_helper=not helper_present))
+    code = new_tree.code
+    try:
+        compile(code, path, "exec")
+    except SyntaxError as e:  # never hand back code that does not parse
+        out.errors.append(FileError(path, f"internal error: the rewrite would not parse ({e.msg}, line {e.lineno}); file left unchanged"))
+        for o in out.outcomes:
+            o.rewritten = False
+        return out
+    out.code = code
+    return out
+
+
+def _same_function(ancestor: cst.CSTNode, loop) -> bool:
+    """Whether `ancestor` is in the same function as the loop (no def between them)."""
+    chain = loop.ancestors
+    i = next(k for k, a in enumerate(chain) if a is ancestor)
+    return not any(isinstance(a, (cst.FunctionDef, cst.ClassDef)) for a in chain[i + 1:])
