@@ -59,3 +59,18 @@ def test_untouched_code_is_byte_identical(settings):
     kept = iter(code.splitlines())
     missing = [line for line in source.splitlines()[:40] if not any(line == k for k in kept)]
     assert missing == []
+
+
+@pytest.mark.parametrize("case", rewritable_cases(), ids=lambda p: p.name)
+def test_rewrite_trains_identically_on_cpu(case):
+    """Without CUDA the rewrite takes the eager path: per-step losses and final parameters are
+    bit-identical to the original's (graphify verify, exact comparison)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU, tests/test_verify_fixtures.py checks the captured path instead")
+    from graphify.verify import verify_file
+
+    report = verify_file(str(entry_script(case)), steps=12)
+    assert report.passed, (report.message, report.detail)
+    assert report.comparison.exact

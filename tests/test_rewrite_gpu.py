@@ -34,6 +34,8 @@ def _rewritten(name, tmp_path):
 
 
 def _train(module, fn="train", capturable=False):
+    # cuDNN's default backward kernels are not reproducible run to run; deterministic ones are
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     w = module.build("cuda")
     if capturable:  # the optimizer arithmetic a capture uses, run eagerly
         for group in w["optimizer"].param_groups:

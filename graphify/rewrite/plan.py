@@ -143,14 +143,18 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
             plan.graph.append(i)
             graph_writes |= names_written(plan.hoisted[i][0])
             continue
+        later_reads = set().union(*(names_read(body[j]) for j in span[pos + 1:])) if pos + 1 < len(span) else set()
+        writes = names_written(stmt)
         if does_gpu_work(stmt, env):
+            if _is_side_computation(stmt, env) and not writes & later_reads:
+                # `total_loss += loss.detach()`: nothing in the step needs it, so it runs after the call
+                plan.after.append(i)
+                continue
             plan.graph.append(i)
-            graph_writes |= names_written(stmt)
+            graph_writes |= writes
             if isinstance(stmt, cst.If):
                 _plan_keyed_if(plan, i, stmt, env)
             continue
-        later_reads = set().union(*(names_read(body[j]) for j in span[pos + 1:])) if pos + 1 < len(span) else set()
-        writes = names_written(stmt)
         if writes & later_reads:
             if _has_side_effects(stmt, env):
                 raise Refusal(f"line {_line(plan, stmt)}: host statement feeds the step and has side effects")
@@ -221,6 +225,25 @@ def _hoist_host_reads(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env)
     host = stmt.visit(_Replace({id(r): cst.Name(name) for (_, r), name in zip(reads, names)}))
     plan.hoisted[index] = (captured.with_changes(leading_lines=stmt.leading_lines), host.with_changes(leading_lines=[]))
     plan.hoisted_reads.update(id(call) for call, _ in reads)
+
+
+def _is_side_computation(stmt: cst.BaseStatement, env: Env) -> bool:
+    """A plain (re)binding of names that neither runs the model nor steps, e.g. a metric accumulator."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or not all(isinstance(s, (cst.Assign, cst.AugAssign)) for s in stmt.body):
+        return False
+    targets = [t.target for s in stmt.body for t in (s.targets if isinstance(s, cst.Assign) else [s])]
+    targets = [t.target if isinstance(t, cst.AssignTarget) else t for t in targets]
+    if not all(isinstance(t, cst.Name) for t in targets):
+        return False
+    return not any(
+        isinstance(n, cst.Call) and (is_step_op(n, env) or is_model_call(n, env) or id(n) in env.gpu_calls or _mutates(n))
+        for n in walk(stmt)
+    )
+
+
+def _mutates(call: cst.Call) -> bool:
+    m = method_call(call)
+    return m is not None and m[1].endswith("_") and not m[1].startswith("_")
 
 
 def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env) -> None:
@@ -357,9 +380,14 @@ def _find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, en
         per_iteration |= names_written(body[i])
     outside = _names_read_outside(enclosing, {id(body[i]) for i in plan.graph})
     outside |= set().union(*(names_read(host) for _, host in plan.hoisted.values()))
-    defined_outside = names_written(enclosing) - written | per_iteration
+    defined_outside = _names_written_outside(enclosing, {id(body[i]) for i in plan.graph}) | per_iteration
+    read_first: set[str] = set()  # names the step reads before it binds them itself
+    bound: set[str] = set()
+    for stmt in graph_stmts:
+        read_first |= names_read(stmt) - bound
+        bound |= names_written(stmt)
     inputs = []
-    for name in sorted(read):
+    for name in sorted(read_first):
         if name in per_iteration or (name in written and name in defined_outside):
             if env.is_host(cst.Name(name)) and not _is_shape_value(name, body, env):
                 if not _only_in_keys(name, plan, body):
@@ -370,6 +398,23 @@ def _find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, en
     plan.outputs = _in_source_order([n for n in written if n in outside], graph_stmts)
     after_loop = _names_read_outside(enclosing, {id(plan.loop.node)})
     plan.clones = [n for n in plan.outputs if n in after_loop or _kept_in_loop(n, body, plan)]
+
+
+def _names_written_outside(root: cst.CSTNode, excluded: set[int]) -> set[str]:
+    found: set[str] = set()
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if id(n) in excluded or (isinstance(n, (cst.FunctionDef, cst.ClassDef)) and n is not root):
+            continue
+        if isinstance(n, (cst.SimpleStatementLine, cst.For, cst.With)):
+            found |= names_written(n) if isinstance(n, cst.SimpleStatementLine) else set()
+            if isinstance(n, cst.For):
+                found |= names_written(cst.Assign([cst.AssignTarget(n.target)], cst.Name("_")))
+            if isinstance(n, cst.With):
+                found |= {a.name.value for a in (i.asname for i in n.items) if a is not None and isinstance(a.name, cst.Name)}
+        stack.extend(children(n))
+    return found
 
 
 def _names_read_outside(root: cst.CSTNode, excluded: set[int]) -> set[str]:

@@ -95,9 +95,9 @@ def _differences(c) -> list[str]:
         out.append(f"the original ran {c.steps[0]} steps, the rewrite {c.steps[1]}")
     if c.losses.first_bad or c.losses.problems:
         out.append(f"losses differ from {c.losses.first_bad}" if c.losses.first_bad else c.losses.problems[0])
-    for what, d in (("parameters", c.params), ("optimizer state", c.state)):
+    for what, d in (("parameters differ", c.params), ("optimizer state differs", c.state)):
         if d.first_bad or d.problems:
-            out.append(f"{what} differ ({d.first_bad or d.problems[0]})")
+            out.append(f"{what} ({d.first_bad or d.problems[0]})")
     return out
 
 

@@ -1,6 +1,9 @@
 """Runs one version of a script for `graphify verify`:
 
-    python -m graphify.verify.child SCRIPT OUT.json STEPS [--as PATH] [--profile] -- ARGS...
+    python graphify/verify/child.py SCRIPT OUT.json STEPS [--as PATH] [--profile] -- ARGS...
+
+(or `python -m graphify.verify.child ...`). It imports nothing from graphify, so the runner starts it
+by path and the script's import path stays as if it were run directly.
 
 SCRIPT runs as `__main__` with sys.argv = [PATH] + ARGS, `__file__` = PATH and sys.path[0] = PATH's
 folder (PATH: the user's script; SCRIPT: the instrumented copy that actually runs). Random, numpy and
@@ -37,6 +40,7 @@ class Recorder:
         self.values: list[list[float]] = []
         self.optimizers: tuple = ()
         self.profiler = None
+        self.profile_start = 0.0
         self.profile_result: dict | None = None
         self.start = time.perf_counter()
 
@@ -54,6 +58,7 @@ class Recorder:
         if self.profile and cuda and n == self.steps - PROFILED_STEPS and n >= 15:  # well after capture
             self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
             self.profiler.__enter__()
+            self.profile_start = time.perf_counter()  # the profiler's own start-up is not a step
         if n >= self.steps:
             self._stop_profiler()
             raise StopScript
@@ -64,7 +69,7 @@ class Recorder:
         prof, self.profiler = self.profiler, None
         prof.__exit__(None, None, None)
         try:
-            self.profile_result = _summarize(prof.events(), self.times[-1] - self.times[-1 - PROFILED_STEPS], PROFILED_STEPS)
+            self.profile_result = _summarize(prof.events(), self.times[-1] - self.profile_start, PROFILED_STEPS)
         except Exception as exc:  # the profiler is a bonus: never fail the run for it
             self.profile_result = {"error": f"{type(exc).__name__}: {exc}"}
 
@@ -133,7 +138,7 @@ def _summarize(events, window_s: float, steps: int) -> dict:
         if e.device_type == DeviceType.CUDA:
             if not e.name.startswith(("Memcpy", "Memset")):
                 kernels += 1
-        elif e.name in LAUNCH_CALLS:
+        elif e.name.split("_v")[0] in LAUNCH_CALLS:  # "cudaLaunchKernel", "cuLaunchKernel_v2"...
             launches += 1
             graph_launches += "Graph" in e.name
             launch_us += e.time_range.elapsed_us()
@@ -164,6 +169,26 @@ def _seed(torch) -> None:
     torch.manual_seed(0)
 
 
+def _same_arithmetic(torch) -> None:
+    """On CUDA, both versions run with the arithmetic a capture uses, so that what is compared is the
+    capture itself: deterministic cuDNN algorithms (its default backward kernels are not bit-reproducible
+    run to run), and `capturable=True` for optimizers that have the flag (CapturedStep switches them on;
+    their device-side bias correction differs from the host-side one by rounding that training amplifies,
+    a property of the optimizer that the GPU tests measure separately)."""
+    if not torch.cuda.is_available():
+        return
+    torch.backends.cudnn.deterministic = True
+    init = torch.optim.Optimizer.__init__
+
+    def capturable_init(self, params, defaults):
+        init(self, params, defaults)
+        for group in self.param_groups:
+            if group.get("capturable") is False and any(p.is_cuda for p in group["params"]):
+                group["capturable"] = True
+
+    torch.optim.Optimizer.__init__ = capturable_init
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
@@ -176,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     ns = parser.parse_args(argv[:split])
     script_args = argv[split + 1:]
     as_path = os.path.abspath(ns.as_path or ns.script)
+    sys.path[0] = os.path.dirname(as_path)  # before anything imports: the script's siblings come first
 
     import torch
 
@@ -185,12 +211,12 @@ def main(argv: list[str] | None = None) -> None:
     recorder = Recorder(torch, ns.steps, ns.out, ns.profile, progress_fd)
     builtins.__graphify_probe__ = recorder
     sys.argv = [as_path] + script_args
-    sys.path[0] = os.path.dirname(as_path)
     module = types.ModuleType("__main__")
     module.__file__ = as_path
     module.__builtins__ = builtins
     sys.modules["__main__"] = module
     _seed(torch)
+    _same_arithmetic(torch)
     code_ = 0
     try:
         try:

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from graphify.verify.report import VerifyReport
 
 
 class Progress:
-    """Live display on stderr: the current stage and one bar per version."""
+    """Live display on stderr: the current stage, then one bar per version."""
 
     def __init__(self, console: Console) -> None:
         self.bars = RichProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("steps"), TimeElapsedColumn(), console=console, transient=True)
         self.tasks: dict[str, int] = {}
-        self.status = self.bars.add_task("starting", total=None)
+        self.status = None
 
     def __enter__(self) -> "Progress":
         self.bars.start()
@@ -26,7 +33,9 @@ class Progress:
         self.bars.stop()
 
     def stage(self, text: str) -> None:
-        self.bars.update(self.status, description=text)
+        if self.status is not None:
+            self.bars.remove_task(self.status)
+        self.status = self.bars.add_task(text, total=None) if not text.startswith("running") else None
 
     def step(self, label: str, done: int, total: int) -> None:
         if label not in self.tasks:

@@ -14,12 +14,17 @@ from dataclasses import dataclass
 import libcst as cst
 
 from graphify.analysis.checker import Checker
-from graphify.analysis.discovery import is_backward, is_model_call, is_step_op, method_call
+from graphify.analysis.discovery import (
+    is_backward,
+    is_model_call,
+    is_step_op,
+    method_call,
+)
 from graphify.analysis.engine import LoopAnalysis, analyze_module
+from graphify.analysis.statements import walk
 from graphify.model import Verdict
 from graphify.rewrite import rewrite_source
 from graphify.rewrite.plan import body_of
-from graphify.analysis.statements import walk
 
 PROBE = "__graphify_probe__"
 _EMPTY = cst.Module([])
@@ -82,6 +87,11 @@ def _probe(analysis: LoopAnalysis) -> tuple[int, str, bool] | None:
     calls = [(i, n) for i, s in enumerate(body) for n in walk(s) if isinstance(n, cst.Call)]
     if loop.kind == "train":
         anchors = [i for i, n in calls if is_step_op(n, env)]
+        plan = analysis.plan
+        if not anchors and plan is not None:
+            # the step runs in a called function: record what the captured call returns
+            optimizers = _tuple([_code(o) for o in plan.optimizers]) or "None"
+            return plan.last, f"{PROBE}({_tuple(plan.outputs) or 'None'}, {optimizers})", bool(plan.outputs)
         if not anchors:
             return None
         losses = [loss for _, n in calls if is_backward(n, env) for loss in [_loss_of(n)] if loss is not None]

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import graphify
+from graphify.verify import child
 
 SETUP_STEPS = 4  # steps 1-4 (after the first): warmup and capture in the rewrite
 TAIL_CHARS = 3000
@@ -81,7 +81,7 @@ def run_version(
         f.write(code)
     out = os.path.join(workdir, f"{label}.json")
     progress = out[:-5] + ".progress"
-    cmd = [sys.executable, "-m", "graphify.verify.child", copy, out, str(steps), "--as", os.path.abspath(script)]
+    cmd = [sys.executable, child.__file__, copy, out, str(steps), "--as", os.path.abspath(script)]
     if profile:
         cmd.append("--profile")
     cmd += ["--", *args]
@@ -103,12 +103,27 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONHASHSEED"] = "0"
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(graphify.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
 
 
 def _wait(proc: subprocess.Popen, progress: str, timeout: float | None, on_step) -> bool:
+    """Wait for the child, reporting steps; True when it ran out of time (and was killed)."""
+    try:
+        return _poll(proc, progress, timeout, on_step)
+    except BaseException:  # Ctrl-C: the child has its own session and did not get the signal
+        _kill(proc)
+        raise
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the child's own session: the script and its workers
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _poll(proc: subprocess.Popen, progress: str, timeout: float | None, on_step) -> bool:
     deadline = None if timeout is None else time.monotonic() + timeout
     seen = -1
     while True:
@@ -125,8 +140,7 @@ def _wait(proc: subprocess.Popen, progress: str, timeout: float | None, on_step)
         if done:
             return False
         if deadline is not None and time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)  # the child's own session: the script and its workers
-            proc.wait()
+            _kill(proc)
             return True
 
 

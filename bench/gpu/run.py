@@ -1,0 +1,673 @@
+#!/usr/bin/env python
+"""GPU benchmark: eager vs graphify vs hand-written capture vs torch.compile(reduce-overhead).
+
+For every workload in bench/workloads/ and every variant, a fresh Python subprocess (clean memory
+statistics, empty compile caches) builds the workload and times whole ``train`` calls:
+
+* one untimed-for-speed first call of n1 steps (its setup is the cold setup a user pays once);
+* then ``repeats`` times: a call of n1 steps and a call of n2 steps, each on a freshly built
+  workload, timed with ``torch.cuda.synchronize()`` + ``time.perf_counter()``.
+
+ms/step = median over repeats of (t(n2) - t(n1)) / (n2 - n1); setup = t(first call) - n1 * ms/step,
+which holds side-stream warmup + capture for the graph variants and compilation for the
+torch.compile variants.
+
+Usage (GPU, whole benchmark, about 8 minutes on one H100; no new run starts after --budget-s):
+
+    python bench/gpu/run.py [--copy-to "$OUT"]
+
+The graphify variant rewrites the workload with ``graphify.rewrite.rewrite_source`` in the worker.
+On a machine where that cannot be imported (e.g. libcst missing), run
+
+    python bench/gpu/run.py --rewrite-only
+
+where it can; the rewrites land in bench/results/graphified/ (with source hashes) and are used
+while they match the workload sources.
+
+CPU smoke test (eager only, a few steps, no docs written):
+
+    python bench/gpu/run.py --quick --workloads tiny,mlp
+
+Re-render docs from an existing results file:
+
+    python bench/gpu/run.py --render-only bench/results/gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gc
+import hashlib
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.workloads import WORKLOADS, load_module_from_path, load_workload, workload_path  # noqa: E402
+
+VARIANTS = ("eager", "graphify", "hand", "compile-model", "compile-step")
+COMPILE_VARIANTS = ("compile-model", "compile-step")
+
+#: (n1, n2) steps per workload. ms/step is measured over the n2 - n1 extra steps, so n2 - n1 is
+#: chosen large enough that even graph replays (tens of microseconds a step on the small
+#: workloads) add up to far more than the jitter of a call's setup, and small enough that the
+#: whole benchmark fits in about 8 minutes on one H100.
+STEPS = {
+    "tiny": (20, 620),
+    "mlp": (20, 420),
+    "cnn": (20, 320),
+    "transformer": (20, 220),
+    "mlp_large_batch": (3, 13),
+    "cnn_large": (3, 23),
+}
+QUICK_STEPS = (4, 8)
+DEFAULT_REPEATS = 3
+
+RESULTS_JSON = REPO / "bench" / "results" / "gpu.json"
+QUICK_JSON = Path(tempfile.gettempdir()) / "graphify-bench-quick.json"
+GRAPHIFIED_DIR = REPO / "bench" / "results" / "graphified"
+DOCS_DIR = REPO / "docs"
+
+VARIANT_DOC = {
+    "eager": "the workload's `train()` as written",
+    "graphify": "`train()` after `graphify.rewrite.rewrite_source` (the rewritten module is imported from a file)",
+    "hand": "the workload's `train_hand()`: whole step (forward, backward, optimizer) captured by hand in one CUDA graph",
+    "compile-model": '`train()` given `torch.compile(model, mode="reduce-overhead")`',
+    "compile-step": '`torch.compile(step, mode="reduce-overhead")` of forward + backward + `optimizer.step()` '
+    "(tensor LR when there is a scheduler, as in PyTorch's compiled-optimizer recipe)",
+}
+
+
+class Unavailable(Exception):
+    """The variant cannot be built here (e.g. graphify's rewriter is missing)."""
+
+
+def short_reason(exc: BaseException, limit: int = 160) -> str:
+    text = str(exc).strip().splitlines()
+    first = next((line.strip() for line in text if line.strip()), "")
+    reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return reason if len(reason) <= limit else reason[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------------------------
+# worker side (runs inside the fresh subprocess)
+# --------------------------------------------------------------------------------------------
+
+
+def _train_args(w):
+    return (w["model"], w["optimizer"], w["scheduler"], w["loss_fn"], w["batches"])
+
+
+def _source_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _load_rewriter():
+    """graphify's rewriter, or raise Unavailable (it may not exist yet, or libcst may be missing)."""
+    try:
+        from graphify.rewrite import rewrite_source
+    except Exception as exc:
+        raise Unavailable(f"graphify.rewrite not importable ({short_reason(exc)})") from exc
+    return rewrite_source
+
+
+def rewrite_workload(name: str, rewrite_source, out_dir: Path) -> tuple[Path, list[str]]:
+    """Rewrite one workload with graphify; save the result and record it in the manifest."""
+    path = workload_path(name)
+    source = path.read_text()
+    try:
+        result = rewrite_source(source, str(path))
+    except Exception as exc:
+        raise Unavailable(f"rewrite_source raised {short_reason(exc)}") from exc
+    code = getattr(result, "code", None)
+    if not isinstance(code, str) or not code.strip():
+        raise Unavailable(f"rewrite_source returned no code ({type(result).__name__})")
+    notes = ["rewriter left the source unchanged"] if code == source else []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_path = out_dir / f"{name}.py"
+    out_path.write_text(code)
+    manifest_path = out_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest[name] = {
+        "source_sha256": _source_sha256(source),
+        "rewritten_sha256": _source_sha256(code),
+        "unchanged": code == source,
+        "graphify_sha256": _graphify_sources_sha256(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+    manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return out_path, notes
+
+
+def _graphify_sources_sha256() -> str:
+    """One hash over graphify's own sources: a rewrite made by another graphify is stale."""
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "graphify").rglob("*.py")):
+        digest.update(str(path.relative_to(REPO)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def ahead_of_time_rewrite(name: str, out_dir: Path) -> tuple[Path | None, str]:
+    """A rewrite saved by --rewrite-only, if it is current: (path, "") or (None, why not)."""
+    manifest_path = out_dir / "manifest.json"
+    out_path = out_dir / f"{name}.py"
+    if not (manifest_path.exists() and out_path.exists()):
+        return None, f"no --rewrite-only output for {name} in {out_dir}"
+    try:
+        entry = json.loads(manifest_path.read_text()).get(name) or {}
+    except ValueError:
+        return None, f"unreadable {manifest_path}"
+    if entry.get("source_sha256") != _source_sha256(workload_path(name).read_text()):
+        return None, f"--rewrite-only output for {name} is stale (workload changed); re-run it"
+    if entry.get("graphify_sha256") != _graphify_sources_sha256():
+        return None, f"--rewrite-only output for {name} is stale (graphify changed); re-run it"
+    if entry.get("rewritten_sha256") != _source_sha256(out_path.read_text()):
+        return None, f"{out_path} was edited after --rewrite-only"
+    return out_path, ""
+
+
+def _graphify_module(name: str, save_dir: Path):
+    """Rewrite the workload's source with graphify (or take a current ahead-of-time rewrite) and import it."""
+    notes: list[str] = []
+    try:
+        rewrite_source = _load_rewriter()
+    except Unavailable as missing:
+        out_path, problem = ahead_of_time_rewrite(name, save_dir)
+        if out_path is None:
+            raise Unavailable(f"{missing}; {problem}") from None
+        notes.append("rewritten ahead of time by --rewrite-only: graphify.rewrite not importable here")
+    else:
+        out_path, notes = rewrite_workload(name, rewrite_source, save_dir)
+    try:
+        module = load_module_from_path(out_path, f"graphified_{name}")
+    except Exception as exc:
+        raise Unavailable(f"rewritten module does not import ({short_reason(exc)})") from exc
+    if not callable(getattr(module, "train", None)):
+        raise Unavailable("rewritten module has no train()")
+    return module, notes
+
+
+def _make_runner(module, variant: str, name: str, device, save_dir: Path):
+    """Return (build, run(w, steps), notes) for one variant."""
+    import torch
+
+    notes: list[str] = []
+    build = module.build
+    if variant == "eager":
+
+        def run(w, steps):
+            module.train(*_train_args(w), steps)
+
+    elif variant == "hand":
+        if device.type != "cuda":
+            raise Unavailable("needs CUDA")
+
+        def run(w, steps):
+            module.train_hand(*_train_args(w), steps)
+
+    elif variant == "graphify":
+        rewritten, notes = _graphify_module(name, save_dir)
+        # the whole rewritten file is used: if the rewriter changed build() (e.g. optimizer flags)
+        # that change is part of what it produced
+        build = getattr(rewritten, "build", module.build)
+
+        def run(w, steps):
+            rewritten.train(*_train_args(w), steps)
+
+    elif variant == "compile-model":
+
+        def run(w, steps):
+            compiled = torch.compile(w["model"], mode="reduce-overhead")
+            module.train(compiled, w["optimizer"], w["scheduler"], w["loss_fn"], w["batches"], steps)
+
+    elif variant == "compile-step":
+
+        def run(w, steps):
+            model, optimizer, scheduler, loss_fn, batches = _train_args(w)
+            if scheduler is not None:
+                # PyTorch recipe for compiled optimizers + LR schedulers: tensor LR (no recompiles);
+                # the scheduler then updates it in place.
+                for group in optimizer.param_groups:
+                    group["lr"] = torch.tensor(float(group["lr"]), device=device)
+            autocast = bool(getattr(module, "USE_BF16", False))
+
+            def step_fn(x, y):
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                    loss = loss_fn(model(x), y)
+                loss.backward()
+                optimizer.step()
+
+            step = torch.compile(step_fn, mode="reduce-overhead")
+            model.train()
+            for i in range(steps):
+                x, y = batches[i % len(batches)]
+                optimizer.zero_grad(set_to_none=True)
+                step(x, y)
+                if scheduler is not None:
+                    scheduler.step()
+
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+    return build, run, notes
+
+
+def _final_loss(module, w) -> float | None:
+    import torch
+
+    try:
+        model, _, _, loss_fn, batches = _train_args(w)
+        x, y = batches[0]
+        with torch.no_grad():
+            autocast = bool(getattr(module, "USE_BF16", False))
+            with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
+                return float(loss_fn(model(x), y).float().item())
+    except Exception:
+        return None
+
+
+def measure(name, variant, n1, n2, repeats, force_cpu, save_dir, compile_reset=False):
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not force_cpu else "cpu")
+    cuda = device.type == "cuda"
+    module = load_workload(name)
+    build, run, notes = _make_runner(module, variant, name, device, save_dir)
+    is_compile = variant in COMPILE_VARIANTS
+    if is_compile:
+        # every fresh build may recompile (new optimizer/model objects): never fall back to eager
+        for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, max(256, getattr(torch._dynamo.config, knob)))
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    final_loss = [None]
+
+    def one_call(steps: int, keep_loss: bool = False):
+        gc.collect()
+        if is_compile and compile_reset:
+            torch._dynamo.reset()  # fresh Dynamo + CUDAGraph trees; Inductor's caches stay warm
+        if cuda:
+            torch.cuda.empty_cache()
+        w = build(device)
+        sync()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        run(w, steps)
+        sync()
+        elapsed = time.perf_counter() - start
+        peak = torch.cuda.max_memory_allocated() if cuda else None
+        if keep_loss:
+            final_loss[0] = _final_loss(module, w)
+        del w
+        return elapsed, peak
+
+    t_first, peak_first = one_call(n1)
+    pairs = []
+    peaks = [peak_first]
+    for r in range(repeats):
+        t1, p1 = one_call(n1)
+        t2, p2 = one_call(n2, keep_loss=(r == repeats - 1))
+        pairs.append((t1, t2))
+        peaks += [p1, p2]
+    per_step = [(t2 - t1) / (n2 - n1) for t1, t2 in pairs]
+    ms = statistics.median(per_step)
+    out = {
+        "status": "ok",
+        "ms_per_step": ms * 1e3,
+        "ms_per_step_repeats": [p * 1e3 for p in per_step],
+        "setup_s": t_first - n1 * ms,
+        "setup_warm_s": statistics.median(t1 - n1 * ms for t1, _ in pairs),
+        "peak_mem_mib": (peak_first / 2**20) if peak_first is not None else None,
+        "peak_mem_mib_max": (max(peaks) / 2**20) if cuda else None,
+        "first_call_s": t_first,
+        "calls_s": [list(p) for p in pairs],
+        "n1": n1,
+        "n2": n2,
+        "repeats": repeats,
+        "loss_after_n2": final_loss[0],
+        "notes": notes,
+        "device_type": device.type,
+    }
+    if is_compile:
+        try:
+            from torch._dynamo.utils import counters
+
+            out["dynamo_stats"] = {k: int(v) for k, v in counters["stats"].items()}
+            skips = dict(counters["inductor"]).get("cudagraph_skips")
+            if skips:
+                out["notes"] = notes + [f"cudagraph skips: {int(skips)}"]
+        except Exception:
+            pass
+    return out
+
+
+def environment() -> dict:
+    import torch
+
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cuda": torch.version.cuda,
+        "device": "cpu",
+        "hostname_platform": platform.platform(),
+    }
+    if torch.cuda.is_available():
+        env["device"] = torch.cuda.get_device_name(0)
+        env["cudnn"] = torch.backends.cudnn.version()
+    return env
+
+
+def worker_main(args) -> int:
+    result: dict = {"workload": args.worker_workload, "variant": args.worker_variant}
+    try:
+        result["env"] = environment()
+        result.update(
+            measure(
+                args.worker_workload,
+                args.worker_variant,
+                args.worker_n1,
+                args.worker_n2,
+                args.repeats,
+                args.cpu,
+                Path(args.graphified_dir),
+                args.compile_reset,
+            )
+        )
+    except Unavailable as exc:
+        result.update(status="unavailable", reason=str(exc))
+    except Exception as exc:  # report, don't crash the whole benchmark
+        traceback.print_exc()
+        result.update(status="failed", reason=short_reason(exc))
+    Path(args.result_file).write_text(json.dumps(result, indent=2))
+    # skip interpreter teardown (Inductor's compile-worker pool, CUDA context): the result is saved
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# --------------------------------------------------------------------------------------------
+# driver side
+# --------------------------------------------------------------------------------------------
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_variant(workload, variant, n1, n2, args, timeout_s) -> dict:
+    """Run one (workload, variant) in a fresh subprocess with empty compile caches."""
+    with tempfile.TemporaryDirectory(prefix="graphify-bench-") as tmp:
+        result_file = Path(tmp) / "result.json"
+        env = dict(os.environ)
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor")
+        env["TRITON_CACHE_DIR"] = str(Path(tmp) / "triton")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker-workload", workload,
+            "--worker-variant", variant,
+            "--worker-n1", str(n1),
+            "--worker-n2", str(n2),
+            "--repeats", str(args.repeats),
+            "--result-file", str(result_file),
+            "--graphified-dir", str(args.graphified_dir),
+        ]
+        if args.cpu:
+            cmd.append("--cpu")
+        if args.compile_reset:
+            cmd.append("--compile-reset")
+        log_path = Path(tmp) / "log.txt"
+        start = time.perf_counter()
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                cmd, cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                proc.wait()
+                rc = None
+            else:
+                _kill_group(proc)  # stray compile workers of the finished worker, if any
+        wall = time.perf_counter() - start
+        log_tail = log_path.read_text(errors="replace")[-4000:]
+        if rc is None:
+            result = {"status": "failed", "reason": f"timeout after {timeout_s:.0f} s"}
+        elif result_file.exists():
+            result = json.loads(result_file.read_text())
+        else:
+            last = [line for line in log_tail.splitlines() if line.strip()]
+            result = {
+                "status": "failed",
+                "reason": f"worker exited with {rc}: {last[-1][:150] if last else 'no output'}",
+            }
+        result.update(workload=workload, variant=variant, wall_s=wall)
+        if result.get("status") == "failed":
+            result["log_tail"] = log_tail[-1500:]
+        return result
+
+
+def describe(result: dict) -> str:
+    status = result.get("status")
+    if status == "ok":
+        return f"{result['ms_per_step']:.3f} ms/step, setup {result['setup_s']:.2f} s"
+    return f"{status}: {result.get('reason', '')}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
+    p.add_argument("--quick", action="store_true", help="tiny step counts; on CPU only eager runs")
+    p.add_argument("--repeats", type=int, default=None, help=f"timing repeats (default {DEFAULT_REPEATS}, quick 1)")
+    p.add_argument("--cpu", action="store_true", help="force CPU even when CUDA is available")
+    p.add_argument("--json", default=None, help=f"results file (default {RESULTS_JSON.relative_to(REPO)}; --quick: {QUICK_JSON})")
+    p.add_argument("--docs-dir", default=None, help="where benchmarks.md/.png go (default docs/; not in --quick)")
+    p.add_argument("--no-docs", action="store_true")
+    p.add_argument("--graphified-dir", default=str(GRAPHIFIED_DIR), help="where rewritten workloads are saved")
+    p.add_argument("--budget-s", type=float, default=480.0, help="stop starting new runs after this long")
+    p.add_argument("--timeout-s", type=float, default=120.0, help="per-run limit, non-compile variants")
+    p.add_argument("--compile-timeout-s", type=float, default=150.0, help="per-run limit, compile variants")
+    p.add_argument(
+        "--compile-reset",
+        action="store_true",
+        help="torch._dynamo.reset() before every build (timed calls then recompile with warm caches)",
+    )
+    p.add_argument(
+        "--rewrite-only",
+        action="store_true",
+        help="only rewrite the workloads with graphify into --graphified-dir (for machines without libcst)",
+    )
+    p.add_argument("--copy-to", default=None, help="also copy the outputs into this directory")
+    p.add_argument("--render-only", metavar="JSON", default=None, help="only render docs from a results file")
+    # worker mode (internal)
+    p.add_argument("--worker-workload", help=argparse.SUPPRESS)
+    p.add_argument("--worker-variant", help=argparse.SUPPRESS)
+    p.add_argument("--worker-n1", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--worker-n2", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--result-file", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else DEFAULT_REPEATS
+
+    if args.worker_workload:
+        return worker_main(args)
+
+    from bench.gpu.report import render_markdown, render_plot
+
+    if args.render_only:
+        data = json.loads(Path(args.render_only).read_text())
+        docs_dir = Path(args.docs_dir) if args.docs_dir else DOCS_DIR
+        _write_docs(data, docs_dir, render_markdown, render_plot)
+        return 0
+
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if args.rewrite_only:
+        rewrite_source = _load_rewriter()
+        for w in workloads:
+            out_path, notes = rewrite_workload(w, rewrite_source, Path(args.graphified_dir))
+            print(f"{w}: wrote {out_path}" + (f" ({'; '.join(notes)})" if notes else ""))
+        return 0
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    for w in workloads:
+        if w not in WORKLOADS:
+            p.error(f"unknown workload {w!r}; known: {', '.join(WORKLOADS)}")
+    for v in variants:
+        if v not in VARIANTS:
+            p.error(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
+    if "eager" not in variants:
+        variants.insert(0, "eager")  # speedups are relative to eager
+
+    import torch  # only to learn whether CUDA exists; CUDA is not initialised here
+
+    has_cuda = torch.cuda.is_available() and not args.cpu
+    if not has_cuda:
+        args.cpu = True
+    json_path = Path(args.json) if args.json else (QUICK_JSON if args.quick else RESULTS_JSON)
+    write_docs = not args.no_docs and (args.docs_dir is not None or not args.quick)
+    docs_dir = Path(args.docs_dir) if args.docs_dir else DOCS_DIR
+
+    # cheap variants first, compile variants last (small workloads first): if the time budget runs
+    # out, only compile variants of the last workloads are cut
+    plan = [(w, v) for w in workloads for v in variants if v not in COMPILE_VARIANTS]
+    plan += [(w, v) for w in workloads for v in variants if v in COMPILE_VARIANTS]
+
+    t_start = time.perf_counter()
+    results: dict[str, dict[str, dict]] = {w: {} for w in workloads}
+    env_info = None
+    for workload, variant in plan:
+        n1, n2 = QUICK_STEPS if args.quick else STEPS[workload]
+        elapsed = time.perf_counter() - t_start
+        left = args.budget_s - elapsed
+        if not has_cuda and variant != "eager":
+            res = {"status": "skipped", "reason": "needs CUDA (CPU run checks eager only)"}
+        elif variant == "graphify" and (reason := _graphify_unavailable(workload, args)):
+            res = {"status": "unavailable", "reason": reason}
+        elif left < 20:
+            res = {"status": "skipped", "reason": f"time budget ({args.budget_s:.0f} s) used up"}
+        else:
+            limit = args.compile_timeout_s if variant in COMPILE_VARIANTS else args.timeout_s
+            res = run_variant(workload, variant, n1, n2, args, min(limit, left))
+            if left < limit and "timeout" in str(res.get("reason", "")):
+                res["reason"] += " (cut by the overall time budget)"
+        res.setdefault("workload", workload)
+        res.setdefault("variant", variant)
+        if env_info is None and res.get("env"):
+            env_info = res["env"]
+        results[workload][variant] = res
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {workload:16s} {variant:14s} {describe(res)}", flush=True)
+
+    total = time.perf_counter() - t_start
+    data = {
+        "meta": {
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "env": env_info or {"torch": torch.__version__, "python": platform.python_version(), "device": "?"},
+            "quick": args.quick,
+            "repeats": args.repeats,
+            "compile_reset": args.compile_reset,
+            "steps": {w: list(QUICK_STEPS if args.quick else STEPS[w]) for w in workloads},
+            "total_wall_s": total,
+            "variants": {v: VARIANT_DOC[v] for v in variants},
+            "workload_docs": {w: _first_doc_line(w) for w in workloads},
+            "git_commit": _git_commit(),
+        },
+        "results": results,
+    }
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {json_path} ({total:.0f} s)")
+    outputs = [json_path]
+    if write_docs:
+        outputs += _write_docs(data, docs_dir, render_markdown, render_plot)
+    if args.copy_to:
+        dest = Path(args.copy_to)
+        dest.mkdir(parents=True, exist_ok=True)
+        for path in outputs:
+            if path.resolve() != (dest / path.name).resolve():
+                shutil.copy2(path, dest / path.name)
+        gdir = Path(args.graphified_dir)
+        if gdir.is_dir() and any(gdir.iterdir()):
+            shutil.copytree(gdir, dest / "graphified", dirs_exist_ok=True)
+        print(f"copied outputs to {dest}")
+    failed_eager = [w for w in workloads if results[w]["eager"].get("status") != "ok"]
+    if failed_eager:
+        print(f"eager failed for: {', '.join(failed_eager)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _graphify_unavailable(workload: str, args) -> str | None:
+    """Why the graphify variant cannot run (checked here to spare a subprocess), or None."""
+    try:
+        _load_rewriter()
+    except Unavailable as missing:
+        out_path, problem = ahead_of_time_rewrite(workload, Path(args.graphified_dir))
+        if out_path is None:
+            return f"{missing}; {problem}"
+    return None
+
+
+def _write_docs(data, docs_dir: Path, render_markdown, render_plot) -> list[Path]:
+    docs_dir.mkdir(parents=True, exist_ok=True)
+    md_path = docs_dir / "benchmarks.md"
+    png_path = docs_dir / "benchmarks.png"
+    written = []
+    try:
+        made_png = render_plot(data, png_path)
+    except Exception as exc:  # a missing matplotlib must not lose the table
+        print(f"plot not written: {short_reason(exc)}", file=sys.stderr)
+        made_png = False
+    if made_png:
+        written.append(png_path)
+    md_path.write_text(render_markdown(data, png_name=png_path.name if made_png else None))
+    written.insert(0, md_path)
+    for path in written:
+        print(f"wrote {path}")
+    return written
+
+
+def _first_doc_line(workload: str) -> str:
+    try:
+        import ast
+
+        doc = ast.get_docstring(ast.parse(workload_path(workload).read_text())) or ""
+        return " ".join(doc.split())
+    except Exception:
+        return ""
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        )
+        return out.stdout.strip() or None
+    except Exception:
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Pieces of `graphify verify` that need no subprocess: instrumentation, comparison, the report."""
+
+import math
+import textwrap
+
+import pytest
+import torch
+
+from graphify.verify.compare import compare_tensors, compare_values, tolerances
+from graphify.verify.instrument import InstrumentError, instrument, probe_follows_call
+
+HEADER = """\
+import torch
+import torch.nn as nn
+model = nn.Linear(4, 1)
+optimizer = torch.optim.Adam(model.parameters())
+loader = [(torch.randn(2, 4), torch.randn(2, 1))] * 3
+"""
+
+
+def probe_line(code):
+    lines = [l.strip() for l in code.splitlines() if "__graphify_probe__(" in l]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def inst(body):
+    return instrument(HEADER + textwrap.dedent(body), "t.py")
+
+
+def test_probe_after_the_optimizer_step_reads_the_loss():
+    r = inst("""\
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            optimizer.step()
+            print("done")
+        """)
+    assert probe_line(r.original) == "__graphify_probe__(loss.item(), optimizer)"
+    lines = [l.strip() for l in r.original.splitlines()]
+    assert lines.index("__graphify_probe__(loss.item(), optimizer)") == lines.index("optimizer.step()") + 1
+    assert probe_line(r.rewritten) == "__graphify_probe__(loss.item(), optimizer)"
+    assert probe_follows_call(r.rewritten, r.step_name)
+    assert (r.kind, r.step_name, r.records_values) == ("train", "train_step", True)
+
+
+def test_probe_reads_the_loss_inside_scaler_scale():
+    r = inst("""\
+        scaler = torch.amp.GradScaler("cuda", enabled=False)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        """)
+    assert probe_line(r.original) == "__graphify_probe__(loss.item(), optimizer)"
+
+
+def test_probe_records_every_loss_and_optimizer():
+    r = inst("""\
+        opt_b = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss_a = ((model(x) - y) ** 2).mean()
+            loss_a.backward()
+            optimizer.step()
+            opt_b.zero_grad()
+            loss_b = model(x).abs().mean()
+            (loss_b / 2).backward()
+            opt_b.step()
+        """)
+    assert probe_line(r.original) == "__graphify_probe__((loss_a.item(), (loss_b / 2).item()), (optimizer, opt_b))"
+
+
+def test_inference_probe_passes_the_output():
+    r = inst("""\
+        with torch.no_grad():
+            for x, y in loader:
+                out = model(x)
+                print(out.sum().item())
+        """)
+    assert r.kind == "inference"
+    assert probe_line(r.original) == "__graphify_probe__(out, None)"
+
+
+def test_nothing_to_verify():
+    with pytest.raises(InstrumentError, match="nothing to verify"):
+        instrument("import torch\nx = torch.ones(3)\n", "t.py")
+    with pytest.raises(InstrumentError, match="syntax error"):
+        instrument("for x in loader:\n    loss.backward(\n", "t.py")
+
+
+def test_probe_must_follow_the_replay():
+    code = "for x in xs:\n    __graphify_probe__(1, None)\n    loss = train_step(x)\n"
+    assert not probe_follows_call(code, "train_step")
+    assert probe_follows_call(code.replace("    __graphify_probe__(1, None)\n", "") + "    __graphify_probe__(1, None)\n", "train_step")
+    assert not probe_follows_call("for x in xs:\n    loss = train_step(x)\n", "train_step")
+
+
+def test_compare_values_exact_and_tolerant():
+    a = [[1.0], [2.0], [float("nan")], [float("inf")]]
+    assert compare_values(a, [list(v) for v in a], 0, 0).ok
+    b = [[1.0], [2.0 + 1e-12], [float("nan")], [float("inf")]]
+    exact = compare_values(a, b, 0, 0)
+    assert not exact.ok and exact.first_bad == "step 2"
+    assert compare_values(a, b, 1e-6, 0).ok
+    assert not compare_values([[1.0]], [[float("nan")]], 1e-3, 1e-3).ok
+
+
+def test_compare_tensors_by_norm():
+    a = {"w": torch.ones(4), "b": torch.zeros(2)}
+    b = {"w": torch.ones(4) * (1 + 1e-5), "b": torch.zeros(2)}
+    d = compare_tensors(a, b, 1e-4, 0)
+    assert d.ok and d.worst == "w" and math.isclose(d.max_rel, 1e-5, rel_tol=1e-2)
+    assert not compare_tensors(a, b, 0, 0).ok
+    assert not compare_tensors(a, {"w": torch.ones(4)}, 1, 1).ok  # a tensor missing
+    assert not compare_tensors(a, {"w": torch.ones(2), "b": torch.zeros(2)}, 1, 1).ok  # a shape changed
+    assert not compare_tensors({"b": torch.zeros(2)}, {"b": torch.full((2,), 1e-3)}, 0.5, 0).ok  # zero reference
+
+
+def test_default_tolerances():
+    assert tolerances(False, None, None) == (0.0, 0.0)
+    assert tolerances(True, None, None) == (1e-4, 1e-6)
+    assert tolerances(True, 1e-2, None) == (1e-2, 1e-6)
