@@ -39,12 +39,32 @@ def check(ck):
         m = method_call(node)
         if m is not None and m[1] == "step" and env.kind_of(m[0]) == SCHEDULER:
             tensor_lr = ck.optimizers_take_tensor_lr() if tensor_lr is None else tensor_lr
+            cycles = _cycles_momentum(ck, m[0], env)
+            if cycles:
+                yield ck.finding(SCHEDULER_STEP, node, site, f"`{code_of(node)}` also cycles momentum/betas every step, which capture freezes",
+                                 "pass `cycle_momentum=False`, or step this scheduler per epoch", False)
+                continue
             yield ck.finding(SCHEDULER_STEP, node, site, f"`{code_of(node)}` changes the learning rate every step",
-                             _lr_fix(tensor_lr), tensor_lr)
+                             _lr_fix(tensor_lr), tensor_lr and _outside_called_step(ck, site))
         elif isinstance(node, cst.Assign) and any(_is_lr_subscript(t.target) for t in node.targets):
             tensor_lr = ck.optimizers_take_tensor_lr() if tensor_lr is None else tensor_lr
             yield ck.finding(LR_ASSIGNMENT, node, site, f"`{code_of(node)}` sets a float learning rate inside the step",
-                             _lr_fix(tensor_lr), tensor_lr)
+                             _lr_fix(tensor_lr), tensor_lr and _outside_called_step(ck, site))
+
+
+def _outside_called_step(ck, site) -> bool:
+    """In the loop body the rewrite runs the LR update between replays; inside a function the step calls
+    it would run only once, at capture."""
+    return site.block is ck.region.body_block
+
+
+def _cycles_momentum(ck, scheduler, env) -> bool:
+    built = ck.construction(scheduler, env)
+    if built is None:
+        return False
+    call, module = built
+    name = (module.aliases.qualify(call.func) or "").rsplit(".", 1)[-1]
+    return name in ("OneCycleLR", "CyclicLR") and not _is_false(kwarg(call, "cycle_momentum"))
 
 
 def _is_false(expr) -> bool:

@@ -150,12 +150,28 @@ def _summarize(events, window_s: float, steps: int) -> dict:
     }
 
 
-def _captured_graphs() -> int | None:
-    """CUDA graphs held by CapturedStep helpers (None when there is no such helper)."""
-    import gc
+_CAPTURES: list[int] = []
 
-    helpers = [o for o in gc.get_objects() if type(o).__name__ == "CapturedStep" and isinstance(getattr(o, "graphs", None), dict)]
-    return sum(len(h.graphs) for h in helpers) if helpers else None
+
+def _count_captures(torch) -> None:
+    """Count CUDA graph captures as they happen (the helpers holding them may be gone by the end)."""
+    if not torch.cuda.is_available():
+        return
+    capture_end = torch.cuda.CUDAGraph.capture_end
+
+    def counted(self, *args, **kwargs):
+        _CAPTURES.append(1)
+        return capture_end(self, *args, **kwargs)
+
+    torch.cuda.CUDAGraph.capture_end = counted
+
+
+def _captured_graphs() -> int | None:
+    """CUDA graphs captured so far (None without CUDA)."""
+    return len(_CAPTURES) if _CAPTURES or _cuda_seen else None
+
+
+_cuda_seen = False
 
 
 def _seed(torch) -> None:
@@ -217,6 +233,9 @@ def main(argv: list[str] | None = None) -> None:
     sys.modules["__main__"] = module
     _seed(torch)
     _same_arithmetic(torch)
+    _count_captures(torch)
+    global _cuda_seen
+    _cuda_seen = torch.cuda.is_available()
     code_ = 0
     try:
         try:

@@ -30,6 +30,7 @@ class CapturedStep:
         self.stream = None
         self.lr_tensors = []  # [param group, device tensor, value it holds], refreshed when the float lr moves
         self.frozen_lrs = []  # (param group, lr at capture) for optimizers that read a float lr
+        self.frozen_settings = []  # (param group, [(name, value at capture)]) for betas, momentum, weight decay
 
     def __call__(self, *inputs, key=()):
         if self.device is not None and self.device.type == "cuda":
@@ -40,7 +41,7 @@ class CapturedStep:
         captured = self.graphs.get(key)
         if captured is not None:
             graph, static_tensors, static_outputs = captured
-            if self._fits(static_tensors, tensors) and all(g["lr"] == lr for g, lr in self.frozen_lrs):
+            if self._fits(static_tensors, tensors) and self._settings_unchanged():
                 for static, new in zip(static_tensors, tensors):
                     static.copy_(new, non_blocking=True)
                 for entry in self.lr_tensors:
@@ -80,6 +81,11 @@ class CapturedStep:
         graph.replay()  # capture records the step without running it: this replay trains on the batch
         return static_outputs
 
+    def _settings_unchanged(self):
+        return all(g["lr"] == lr for g, lr in self.frozen_lrs) and all(
+            g[k] is v or g[k] == v for g, settings in self.frozen_settings for k, v in settings
+        )
+
     def _make_optimizers_capturable(self):
         for optimizer in self.optimizers:
             for group in optimizer.param_groups:
@@ -102,6 +108,8 @@ class CapturedStep:
                     group["lr"] = lr
                 elif not torch.is_tensor(group["lr"]):
                     self.frozen_lrs.append((group, group["lr"]))
+                # schedulers may move these too (OneCycleLR cycles betas/momentum); the graph froze them
+                self.frozen_settings.append((group, [(k, group[k]) for k in ("betas", "momentum", "weight_decay") if k in group]))
         return swapped
 
     @staticmethod
