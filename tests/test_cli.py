@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_fakes import BAD_SCRIPT, CLEAN_SCRIPT, fake_analyze_source
 from click.testing import CliRunner
 
 import graphify.cli as cli
-from cli_fakes import BAD_SCRIPT, CLEAN_SCRIPT, fake_analyze_source
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,14 @@ import pickle
 
 import pytest
 
-from graphify.config import ConfigError, Settings, glob_matches, load_settings, settings_from_table, split_selectors
+from graphify.config import (
+    ConfigError,
+    Settings,
+    glob_matches,
+    load_settings,
+    settings_from_table,
+    split_selectors,
+)
 from graphify.rules import rules_by_code
 
 RULES = rules_by_code()

@@ -13,9 +13,16 @@ from pathlib import Path
 import pytest
 
 import graphify.rules
-from graphify.model import Diagnostic, FileError, LoopReport, Report, Rule, Severity, Verdict
-from graphify.reporters import render, rule_url
-from graphify.reporters import github, sarif, statistics, text
+from graphify.model import (
+    Diagnostic,
+    FileError,
+    LoopReport,
+    Report,
+    Rule,
+    Severity,
+    Verdict,
+)
+from graphify.reporters import github, render, rule_url, sarif, statistics, text
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
-
 from fixture_cases import REWRITE, cases, entry_script, expectations
+
 from graphify.analysis.engine import analyze_source
 from graphify.rewrite import rewrite_source
 

@@ -2,6 +2,7 @@
 scripts/gpu-check) verifies every rewritable fixture."""
 
 from fixture_cases import CHECK
+
 from graphify.verify import verify_file
 
 

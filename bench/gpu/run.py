@@ -56,7 +56,12 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.workloads import WORKLOADS, load_module_from_path, load_workload, workload_path  # noqa: E402
+from bench.workloads import (  # noqa: E402
+    WORKLOADS,
+    load_module_from_path,
+    load_workload,
+    workload_path,
+)
 
 VARIANTS = ("eager", "graphify", "hand", "compile-model", "compile-step")
 COMPILE_VARIANTS = ("compile-model", "compile-step")

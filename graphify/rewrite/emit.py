@@ -74,7 +74,7 @@ class Rewriter(cst.CSTTransformer):
         plan = emission.plan
         stmts = list(updated.body.body)
         graph_body = [plan.hoisted[i][0] if i in plan.hoisted else self._captured(plan, i, stmts[i]) for i in plan.graph]
-        graph_body[0] = graph_body[0].with_changes(leading_lines=[l for l in graph_body[0].leading_lines if l.comment])
+        graph_body[0] = graph_body[0].with_changes(leading_lines=[line for line in graph_body[0].leading_lines if line.comment])
         if plan.outputs:
             graph_body.append(cst.parse_statement(f"return {', '.join(plan.outputs)}"))
         params = ", ".join(plan.inputs)
@@ -154,7 +154,7 @@ class Rewriter(cst.CSTTransformer):
             helper[0] = helper[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] if at else [])
             if at < len(body):
                 nxt = body[at]
-                missing = max(0, 2 - sum(1 for l in nxt.leading_lines if l.comment is None))
+                missing = max(0, 2 - sum(1 for line in nxt.leading_lines if line.comment is None))
                 body[at] = nxt.with_changes(leading_lines=[cst.EmptyLine()] * missing + list(nxt.leading_lines))
             body[at:at] = helper
         return updated.with_changes(body=body)

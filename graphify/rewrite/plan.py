@@ -365,7 +365,6 @@ def _in_loop_scope(plan: Plan, expr: cst.BaseExpression | None, block) -> cst.Ba
 def _find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enclosing: cst.CSTNode) -> None:
     graph_stmts = [plan.hoisted[i][0] if i in plan.hoisted else body[i] for i in plan.graph]
     written = set().union(*(names_written(s) for s in graph_stmts))
-    read = set().union(*(names_read(s) for s in graph_stmts))
     for index, host in plan.split_ifs.items():  # host statements of keyed ifs leave the step
         stmt = body[index]
         kept = [s for k, s in enumerate(stmt.body.body) if k not in host]
