@@ -251,7 +251,7 @@ def rules_command(fmt: str) -> None:
     rows = [header] + [(r.code, r.name, r.category, r.severity.value, "yes" if r.rewritable else "no", r.summary) for r in rules]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
 
 
 @cli.command("rule")

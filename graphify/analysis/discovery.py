@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterator
 
 import libcst as cst
@@ -164,7 +165,7 @@ class ModuleAnalysis:
         for node, func, ancestors in sites:
             if id(node) in absorbed:
                 continue
-            if self._hand_captured(func, ancestors):
+            if not self._could_step_or_infer(node, ancestors) or self._hand_captured(func, ancestors):
                 continue
             env = self._loop_env(node, func)
             if self._already_captured(node, env):
@@ -181,6 +182,30 @@ class ModuleAnalysis:
                 region = self._region(body, node, include_nested=lambda n, b, a: not self._calls_model(n, b))
                 found.append(Loop(node, func, "inference", region, ancestors))
         return found
+
+    @cached_property
+    def _steppers(self) -> set[str]:
+        """Names of functions and methods of this module that run a backward or optimizer step."""
+        found = set()
+        for node in _iter_nodes_all(self.module.tree):
+            if isinstance(node, cst.FunctionDef) and any(_is_step_like(n) for n in _iter_nodes(node.body)):
+                found.add(node.name.value)
+        return found
+
+    def _could_step_or_infer(self, loop, ancestors) -> bool:
+        """A syntactic test, before any inference: the loop calls `.backward()`/`.step()`, a function
+        that does, something imported, or runs under no_grad."""
+        if any(_mentions_no_grad(a) for a in ancestors if isinstance(a, (cst.With, cst.FunctionDef))):
+            return True
+        for n in _iter_nodes(loop):
+            if _is_step_like(n) or (isinstance(n, cst.With) and _mentions_no_grad(n)):
+                return True
+            if isinstance(n, cst.Call):
+                f = n.func
+                name = f.value if isinstance(f, cst.Name) else f.attr.value if isinstance(f, cst.Attribute) else None
+                if name in self._steppers or (isinstance(f, cst.Name) and name in self.module.aliases.from_imports):
+                    return True
+        return False
 
     def _hand_captured(self, func: FunctionInfo, ancestors) -> bool:
         """Code that already captures CUDA graphs by hand (side-stream warmup, torch.cuda.graph) is left alone."""
@@ -441,6 +466,24 @@ def is_periodic_gpu_branch(node: cst.If, env: Env) -> bool:
         if isinstance(sub, cst.Call) and isinstance(sub.func, cst.Name) and sub.func.value.startswith(("eval", "valid", "test", "estimate", "sample", "generate")):
             return True
     return False
+
+
+def _is_step_like(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("backward", "step", "manual_backward")
+
+
+def _mentions_no_grad(node: cst.With | cst.FunctionDef) -> bool:
+    parts = [i.item for i in node.items] if isinstance(node, cst.With) else [d.decorator for d in node.decorators]
+    return any(isinstance(n, (cst.Name, cst.Attribute)) and (n.value if isinstance(n, cst.Name) else n.attr.value) in ("no_grad", "inference_mode", "set_grad_enabled")
+               for p in parts for n in _iter_nodes(p))
+
+
+def _iter_nodes_all(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(children(n))
 
 
 def _iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import libcst as cst
 
 from graphify.analysis.checker import Checker, Finding
 from graphify.analysis.discovery import Loop, ModuleAnalysis
+from graphify.analysis.prefilter import might_hold_loops
 from graphify.analysis.program import ModuleInfo, Program
 from graphify.analysis.tree import forget
 from graphify.model import Diagnostic, FileError, LoopReport, Report, Verdict
 
-# Files that cannot hold a training or inference loop are not parsed at all.
-_PREFILTER = re.compile(r"\.backward\s*\(|\.step\s*\(|no_grad|inference_mode|autograd\.backward")
 
 
 @dataclass
@@ -31,10 +29,6 @@ class ModuleResult:
     module: ModuleInfo | None
     loops: list[LoopAnalysis]
     report: Report
-
-
-def might_hold_loops(source: str) -> bool:
-    return _PREFILTER.search(source) is not None
 
 
 def analyze_module(source: str, path: str, settings, program: Program | None = None) -> ModuleResult:

@@ -25,15 +25,9 @@ class FunctionInfo:
     def scope(self) -> Scope:
         return collect_scope(self.node if self.node is not None else self.module.tree)
 
-    @cached_property
+    @property
     def class_scope(self) -> Scope | None:
-        if self.cls is None:
-            return None
-        scope = Scope()
-        for stmt in self.cls.body.body:
-            if isinstance(stmt, cst.FunctionDef):
-                collect_scope(stmt, scope)
-        return scope
+        return self.module.class_scope(self.cls) if self.cls is not None else None
 
     def new_env(self) -> Env:
         return Env(
@@ -62,6 +56,7 @@ class ModuleInfo:
         self.functions: dict[str, cst.FunctionDef] = {}
         self.classes: dict[str, cst.ClassDef] = {}
         self._function_infos: dict[int, FunctionInfo] = {}
+        self._class_scopes: dict[int, Scope] = {}
         for stmt in tree.body:
             self._index(stmt)
 
@@ -84,6 +79,16 @@ class ModuleInfo:
         for stmt in self.tree.body:
             if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
                 collect_scope(stmt, scope)
+        return scope
+
+    def class_scope(self, cls: cst.ClassDef) -> Scope:
+        """`self.x = ...` assignments of all the class's methods (one scope per class)."""
+        scope = self._class_scopes.get(id(cls))
+        if scope is None:
+            scope = self._class_scopes[id(cls)] = Scope()
+            for stmt in cls.body.body:
+                if isinstance(stmt, cst.FunctionDef):
+                    collect_scope(stmt, scope)
         return scope
 
     @cached_property

@@ -1,18 +1,52 @@
-"""Fast child access: libcst computes `node.children` with a visitor on every call, and the analysis
-walks the same small trees many times, so children are memoised per node while a module is analysed."""
+"""Fast child access. libcst computes `node.children` with a visitor on every call; the analysis walks
+the same trees many times and never looks at whitespace, punctuation or operator tokens, so children
+come straight from each node's fields (in source order), without those tokens, memoised while a
+module is analysed."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import libcst as cst
 
+_TOKENS = (
+    cst.BaseParenthesizableWhitespace, cst.Comment, cst.EmptyLine, cst.Newline, cst.TrailingWhitespace,
+    cst.LeftParen, cst.RightParen, cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace,
+    cst.RightCurlyBrace, cst.Comma, cst.Dot, cst.Colon, cst.Semicolon, cst.AssignEqual, cst.BaseUnaryOp,
+    cst.BaseBinaryOp, cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseAugOp,
+)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_WANTED: dict[type, bool] = {}
 _CACHE: dict[int, tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] = {}
+
+
+def _fields(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def _wanted(cls: type) -> bool:
+    """A syntax node the analysis looks at (isinstance on libcst's abstract classes is slow: cached)."""
+    wanted = _WANTED.get(cls)
+    if wanted is None:
+        wanted = _WANTED[cls] = issubclass(cls, cst.CSTNode) and not issubclass(cls, _TOKENS)
+    return wanted
 
 
 def children(node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
     hit = _CACHE.get(id(node))
     if hit is not None and hit[0] is node:
         return hit[1]
-    kids = tuple(node.children)
+    kids = []
+    for name in _fields(type(node)):
+        value = getattr(node, name)
+        if type(value) in (list, tuple):
+            kids.extend(v for v in value if _wanted(type(v)))
+        elif _wanted(type(value)):
+            kids.append(value)
+    kids = tuple(kids)
     _CACHE[id(node)] = (node, kids)
     return kids
 

@@ -109,20 +109,21 @@ def collect_scope(body: cst.CSTNode, scope: Scope | None = None) -> Scope:
         stack = [body]
     while stack:
         node = stack.pop()
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+        kind = type(node)  # exact types: isinstance on libcst's abstract bases is slow
+        if kind is cst.FunctionDef or kind is cst.ClassDef:
             continue
-        if isinstance(node, cst.Assign):
+        if kind is cst.Assign:
             for t in node.targets:
                 _bind(scope, t.target, node.value)
-        elif isinstance(node, cst.AnnAssign) and node.value is not None:
+        elif kind is cst.AnnAssign and node.value is not None:
             _bind(scope, node.target, node.value)
-        elif isinstance(node, cst.AugAssign):
+        elif kind is cst.AugAssign:
             name = dotted(node.target)
             if name:
                 scope.add(name, cst.BinaryOperation(node.target, cst.Add(), node.value))
-        elif isinstance(node, cst.NamedExpr):
+        elif kind is cst.NamedExpr:
             _bind(scope, node.target, node.value)
-        elif isinstance(node, cst.WithItem) and node.asname is not None:
+        elif kind is cst.WithItem and node.asname is not None:
             _bind(scope, node.asname.name, node.item)
         stack.extend(reversed(children(node)))
     return scope
@@ -325,10 +326,10 @@ class Env:
         if kind is None and isinstance(func, (cst.Name, cst.Attribute)) and _LOSS_NAME.match(dotted(func) or ""):
             return True
         if isinstance(func, cst.Name) and self.module is not None and func.value in self.module.functions:
-            return self._returns_tensor(self.module.functions[func.value], depth)
+            return self._returns_tensor(self.module.functions[func.value], depth + 1)
         method = self._local_method(func)
         if method is not None:
-            return self._returns_tensor(method, depth)
+            return self._returns_tensor(method, depth + 1)
         return None
 
     def _local_method(self, func: cst.BaseExpression) -> cst.FunctionDef | None:
@@ -345,27 +346,33 @@ class Env:
         """A local helper such as `get_batch()` returns tensors if one of its return values is a tensor."""
         if depth > 3:
             return None
+        memo = self.module.__dict__.setdefault("_returns_tensor_memo", {})
+        if id(fn) in memo:
+            return memo[id(fn)]
+        memo[id(fn)] = None  # a helper that (indirectly) calls itself: unknown
         cls = next((c for c in self.module.classes.values() if any(s is fn for s in c.body.body)), None)
         info = self.module.function_info(fn, cls)
         env = info.new_env()
         env.module = self.module
-        env.infer({}, info.scope)
+        env.infer({}, info.scope, depth + 1)
         verdicts = set()
         for node in _returns(fn):
             value = node.value
             parts = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
             verdicts.update(env._tensor(p, depth + 1) for p in parts)
-        return True if True in verdicts else (False if verdicts == {False} else None)
+        memo[id(fn)] = True if True in verdicts else (False if verdicts == {False} else None)
+        return memo[id(fn)]
 
-    def infer(self, seeds: dict[str, bool], local: Scope) -> None:
-        """Fixed-point over the assignments of `local`, seeded with known tensor/host names."""
+    def infer(self, seeds: dict[str, bool], local: Scope, depth: int = 0) -> None:
+        """Fixed-point over the assignments of `local`, seeded with known tensor/host names. `depth`
+        bounds the inference through helpers' return values (recursive helpers must terminate)."""
         for name, is_tensor in seeds.items():
             (self.tensors if is_tensor else self.hosts).add(name)
         for _ in range(6):
             changed = False
             for name, values in local.values.items():
                 for value in values:
-                    verdict = self._tensor(value, 0)
+                    verdict = self._tensor(value, depth)
                     if verdict is True and name not in self.tensors:
                         self.tensors.add(name)
                         self.hosts.discard(name)

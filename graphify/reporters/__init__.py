@@ -14,7 +14,7 @@ from graphify.model import Diagnostic, LoopReport, Report
 FORMATS = ("text", "json", "sarif", "github")
 
 # Where a rule's documentation is published (docs/rules/CODE.md in the repository).
-REPOSITORY_URL = "https://github.com/graphify-dev/graphify"
+REPOSITORY_URL = "https://github.com/graphify/graphify"
 RULE_DOC_URL = REPOSITORY_URL + "/blob/main/docs/rules/{code}.md"
 
 
