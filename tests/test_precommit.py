@@ -5,8 +5,8 @@ tree (copied, committed in a temporary folder) and its .pre-commit-hooks.yaml, i
 virtualenv with `language: python`. To work offline, the virtualenv is made with
 VIRTUALENV_SYSTEM_SITE_PACKAGES=1, so the dependencies already installed for the tests (libcst,
 click, pathspec) satisfy pip without an index, and PIP_NO_INDEX / PIP_NO_BUILD_ISOLATION keep pip
-from looking for anything (setuptools comes from the same site-packages). graphify itself is built
-and installed from the copied tree.
+from looking for anything (setuptools is virtualenv's bundled seed). graphify itself is built and
+installed from the copied tree into the hook's virtualenv.
 
 Slow (~20-40 s: a virtualenv and a pip install) but part of the default run.
 """
@@ -78,6 +78,8 @@ def precommit_env(tmp_path_factory):
         **GIT_ENV,
         "PRE_COMMIT_HOME": str(tmp / "cache"),
         "VIRTUALENV_SYSTEM_SITE_PACKAGES": "1",
+        # virtualenv seeds no setuptools for Python 3.12+ unless asked; the build (no isolation) needs it.
+        "VIRTUALENV_SETUPTOOLS": "bundle",
         "PIP_NO_INDEX": "1",
         # pip stores this variable's value into `build_isolation` itself: "0" turns isolation off.
         "PIP_NO_BUILD_ISOLATION": "0",
