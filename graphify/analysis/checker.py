@@ -185,7 +185,7 @@ class Checker:
             if names:
                 start = self.position(node)
                 for n, s in self.region.nodes[start + 1:]:
-                    if isinstance(n, cst.Name) and n.value in names and s.block is site.block and self._gpu_use(n, s):
+                    if isinstance(n, cst.Name) and n.value in names and s.block is site.block and self._gpu_use(s):
                         return False
         return True
 
@@ -193,7 +193,8 @@ class Checker:
     def _within(node: cst.CSTNode, root: cst.CSTNode) -> bool:
         return any(n is node for n in iter_nodes(root))
 
-    def _gpu_use(self, name: cst.Name, site: Site) -> bool:
+    @staticmethod
+    def _gpu_use(site: Site) -> bool:
         env = site.env
         for a in reversed(site.ancestors):
             if isinstance(a, (cst.SimpleStatementLine, cst.If, cst.While)):

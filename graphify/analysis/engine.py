@@ -14,7 +14,6 @@ from graphify.analysis.tree import forget
 from graphify.model import Diagnostic, FileError, LoopReport, Report, Verdict
 
 
-
 @dataclass
 class LoopAnalysis:
     loop: Loop

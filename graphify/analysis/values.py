@@ -165,7 +165,7 @@ class Env:
         if isinstance(expr, cst.Call):
             return self._kind_of_call(expr, depth)
         if isinstance(expr, cst.Subscript):  # optimizers[0], self.models["g"]
-            return self.kind_of(expr.value, depth + 1) if self._is_container_of_objects(expr.value, depth) else None
+            return self.kind_of(expr.value, depth + 1) if self._is_container_of_objects(expr.value) else None
         name = dotted(expr)
         if name is None:
             return None
@@ -180,7 +180,7 @@ class Env:
                 return kind
         return kind_by_name(name)
 
-    def _is_container_of_objects(self, expr: cst.BaseExpression, depth: int) -> bool:
+    def _is_container_of_objects(self, expr: cst.BaseExpression) -> bool:
         name = dotted(expr)
         return bool(name) and any(isinstance(v, (cst.List, cst.Tuple, cst.Dict)) for v in self.values_of(name))
 

@@ -156,7 +156,7 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
                 _plan_keyed_if(plan, i, stmt, env)
             continue
         if writes & later_reads:
-            if _has_side_effects(stmt, env):
+            if _has_side_effects(stmt):
                 raise Refusal(f"line {_line(plan, stmt)}: host statement feeds the step and has side effects")
             plan.graph.append(i)  # a host value the step needs (a shape, a constant): computed once at capture
             graph_writes |= writes
@@ -271,7 +271,7 @@ def _sets_lr(stmt: cst.CSTNode) -> bool:
     return False
 
 
-def _has_side_effects(stmt: cst.CSTNode, env: Env) -> bool:
+def _has_side_effects(stmt: cst.CSTNode) -> bool:
     return any(isinstance(n, cst.Call) and not _is_shape_read(n) for n in walk(stmt))
 
 
@@ -388,7 +388,7 @@ def _find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, en
     inputs = []
     for name in sorted(read_first):
         if name in per_iteration or (name in written and name in defined_outside):
-            if env.is_host(cst.Name(name)) and not _is_shape_value(name, body, env):
+            if env.is_host(cst.Name(name)) and not _is_shape_value(name, body):
                 if not _only_in_keys(name, plan, body):
                     raise Refusal(f"the step reads per-step host value `{name}`, which capture would freeze")
                 continue
@@ -441,7 +441,7 @@ def _names_read_outside(root: cst.CSTNode, excluded: set[int]) -> set[str]:
     return found
 
 
-def _is_shape_value(name: str, body, env: Env) -> bool:
+def _is_shape_value(name: str, body) -> bool:
     """`n = x.size(0)`: fixed while shapes are fixed, so capture may freeze it."""
     values = [v for s in body for n in walk(s) if isinstance(n, cst.Assign)
               for t in n.targets if isinstance(t.target, cst.Name) and t.target.value == name for v in [n.value]]

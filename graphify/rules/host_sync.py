@@ -43,7 +43,7 @@ def _is_boolean_mask(index: cst.BaseExpression, env) -> bool:
     return False
 
 
-def _assigned_a_scalar(node, site) -> bool:
+def _assigned_a_scalar(site) -> bool:
     """`x[mask] = 0` becomes `masked_fill_`, which keeps shapes fixed."""
     parent = site.ancestors[-1] if site.ancestors else None
     if isinstance(parent, cst.AssignTarget):
@@ -62,7 +62,7 @@ def check(ck):
                 yield ck.finding(FORMAT, node, site, f"tensor `{code_of(node.expression)}` formatted into a string",
                                  f"format `{code_of(node.expression)}.item()` outside the step, or log the tensor after the replay",
                                  ck.host_read_removable(node, site))
-        elif isinstance(node, cst.Subscript) and env.is_tensor(node.value) and not _assigned_a_scalar(node, site):
+        elif isinstance(node, cst.Subscript) and env.is_tensor(node.value) and not _assigned_a_scalar(site):
             for el in node.slice:
                 if isinstance(el.slice, cst.Index) and _is_boolean_mask(el.slice.value, env):
                     yield ck.finding(MASK_INDEX, node, site, f"boolean-mask indexing `{code_of(node)}`",
