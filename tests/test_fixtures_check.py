@@ -35,3 +35,21 @@ def test_corpus_is_large_and_varied():
     assert len(all_cases) >= 25
     verdicts = {v for c in all_cases for *_, v in expectations(c)[1]}
     assert verdicts == {"capturable", "capturable-after-rewrite", "not-capturable"}
+
+
+def test_recursive_helpers_do_not_exhaust_the_stack(tmp_path, settings):
+    """Helpers that call themselves (directly or in turn) once sent the value inference into a
+    RecursionError on real files of the torch package."""
+    source = (
+        "import torch\n"
+        "def walk(x):\n    y = other(x)\n    return y\n"
+        "def other(x):\n    z = walk(x)\n    return z\n"
+        "def train(model, opt, loader):\n"
+        "    for x in loader:\n"
+        "        y = walk(model(x))\n"
+        "        y.sum().backward()\n"
+        "        opt.step()\n"
+    )
+    report = analyze_source(source, "recursive.py", settings)
+    assert not report.errors
+    assert [lp.kind for lp in report.loops] == ["train"]
