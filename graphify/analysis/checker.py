@@ -32,7 +32,10 @@ _EMPTY_MODULE = cst.Module([])
 
 
 def code_of(node: cst.CSTNode, limit: int = 60) -> str:
-    text = " ".join(_EMPTY_MODULE.code_for_node(node).split())
+    """The node's source on one line, comments dropped, shortened for a message."""
+    lines = _EMPTY_MODULE.code_for_node(node).splitlines()
+    text = " ".join(" ".join(line.split("  #", 1)[0].split() if "  #" in line else line.split()) for line in lines)
+    text = text.replace("( ", "(").replace(" )", ")")
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
