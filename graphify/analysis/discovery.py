@@ -251,7 +251,7 @@ class ModuleAnalysis:
         (`train(model, loader, optimizer)` called from `main()`), so constructions can be found."""
         if func.node is None:
             return
-        site = self.call_sites().get(func.node.name.value)
+        site = self.call_sites.get(func.node.name.value)
         if site is None:
             return
         call, caller = site
@@ -265,10 +265,9 @@ class ModuleAnalysis:
             if name is not None and name not in seeds:
                 env.bound[name] = (caller_env, arg.value)
 
+    @cached_property
     def call_sites(self) -> dict[str, tuple[cst.Call, FunctionInfo]]:
         """First call of each module-level function or `self.` method, with the calling function."""
-        if hasattr(self, "_call_sites"):
-            return self._call_sites
         sites: dict[str, tuple[cst.Call, FunctionInfo]] = {}
 
         def visit(node, func_node, cls):
@@ -287,7 +286,6 @@ class ModuleAnalysis:
                     visit(child, func_node, cls)
 
         visit(self.module.tree, None, None)
-        self._call_sites = sites
         return sites
 
     def callee(self, call: cst.Call, env: Env) -> tuple[FunctionInfo, bool] | None:
