@@ -231,7 +231,7 @@ def test_cli_json_and_a_script_that_ends_before_the_steps(tmp_path):
     assert doc["args"] == ["--lr", "0.01"]
     assert doc["steps"] == {"original": 5, "rewrite": 5}  # compares what there is
     assert doc["runs"]["original"]["ended"] == "script-ended"
-    assert doc["tolerance"] == {"rtol": 0.0, "atol": 0.0, "exact": True}
+    assert doc["tolerance"] == {"rtol": 0.0, "atol": 0.0, "exact": True, "precision": "float32", "noise": None}
     assert doc["losses"]["first_divergent_step"] is None and doc["losses"]["compared"] == 5
     assert len(doc["runs"]["original"]["values"]) == 5
     assert doc["on_cuda"] is False and doc["speedup"] is None
@@ -265,8 +265,24 @@ def test_cuda_rewrite_passes_with_default_tolerance_and_is_timed(tmp_path):
     assert report.verdict
 
 
+# The same training under bf16 autocast: looser default tolerances, and a noise run when they are exceeded.
+TRAIN_CUDA_BF16 = TRAIN_CUDA.replace(
+    "    loss = nn.functional.mse_loss(model(x), y)\n",
+    "    with torch.autocast('cuda', dtype=torch.bfloat16):\n        loss = nn.functional.mse_loss(model(x).float(), y)\n")
+
+
 @pytest.mark.cuda
+def test_cuda_bf16_rewrite_passes_with_bf16_tolerances(tmp_path):
+    report = verify_file(write(tmp_path, TRAIN_CUDA_BF16), steps=20, profile=False)
+    assert report.passed, (report.message, report.detail, report.to_dict())
+    doc = report.to_dict()
+    assert doc["tolerance"]["precision"] == "bfloat16" and doc["tolerance"]["rtol"] == 1e-2
+    assert report.rewrite.data["graphs"] >= 1
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("source", [TRAIN_CUDA, TRAIN_CUDA_BF16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("mutate", [stale_input, frozen_learning_rate, host_code_runs_once], ids=lambda f: f.__name__)
-def test_cuda_wrong_rewrite_fails(tmp_path, mutate):
-    report = verify_file(write(tmp_path, TRAIN_CUDA), steps=20, rewrite_hook=mutate, profile=False)
+def test_cuda_wrong_rewrite_fails(tmp_path, source, mutate):
+    report = verify_file(write(tmp_path, source), steps=20, rewrite_hook=mutate, profile=False)
     assert report.exit_code == 1, (report.message, report.detail)

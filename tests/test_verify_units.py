@@ -120,7 +120,38 @@ def test_compare_tensors_by_norm():
     assert not compare_tensors({"b": torch.zeros(2)}, {"b": torch.full((2,), 1e-3)}, 0.5, 0).ok  # zero reference
 
 
-def test_default_tolerances():
-    assert tolerances(False, None, None) == (0.0, 0.0)
-    assert tolerances(True, None, None) == (1e-4, 1e-6)
-    assert tolerances(True, 1e-2, None) == (1e-2, 1e-6)
+def test_default_tolerances_by_precision():
+    assert tolerances(False, "bfloat16", None, None) == (0.0, 0.0)  # the CPU runs the same eager code
+    assert tolerances(True, "float32", None, None) == (1e-4, 1e-6)
+    assert tolerances(True, "float16", None, None) == (1e-3, 1e-5)
+    assert tolerances(True, "bfloat16", None, None) == (1e-2, 1e-5)
+    assert tolerances(True, "float32", 1e-2, None) == (1e-2, 1e-6)
+
+
+def test_rounding_noise_widens_the_tolerance_per_value():
+    """A parameter that rounding alone moves far (noise) may differ that much, ten times over; the
+    others stay held to rtol."""
+    original = {"w": torch.ones(4), "key_bias": torch.full((2,), 1e-3)}
+    nudged = {"w": torch.ones(4), "key_bias": torch.full((2,), 2e-3)}
+    noise = compare_tensors(original, nudged, 0, 0)
+    rewrite = {"w": torch.ones(4), "key_bias": torch.full((2,), -3e-3)}
+    assert not compare_tensors(original, rewrite, 1e-4, 0).ok
+    assert compare_tensors(original, rewrite, 1e-4, 0, noise.abs_by_name).ok
+    worse = {"w": torch.ones(4), "key_bias": torch.full((2,), 5e-2)}
+    assert not compare_tensors(original, worse, 1e-4, 0, noise.abs_by_name).ok
+    stale = {"w": torch.ones(4) * 1.01, "key_bias": torch.full((2,), -3e-3)}
+    assert compare_tensors(original, stale, 1e-4, 0, noise.abs_by_name).first_bad == "w"
+
+
+def test_nudge_moves_every_parameter_by_one_ulp_and_precision_is_the_narrowest():
+    from graphify.verify import child
+
+    params = [torch.nn.Parameter(torch.tensor([1.5, -2.0, 0.0])), torch.nn.Parameter(torch.tensor([3.0], dtype=torch.float64))]
+    before = [p.detach().clone() for p in params]
+    child._nudge(torch, [torch.optim.SGD(params, lr=0.1)])
+    for p, b in zip(params, before):
+        away = torch.where(b < 0, -math.inf, math.inf)
+        assert torch.equal(p.detach(), torch.nextafter(b, away))
+    assert child._precision(torch, {"a": torch.zeros(1), "b": torch.zeros(1, dtype=torch.float64)}) == "float32"
+    assert child._precision(torch, {"a": torch.zeros(1, dtype=torch.float16), "b": torch.zeros(1, dtype=torch.bfloat16)}) == "bfloat16"
+    assert child._precision(torch, {"step": torch.zeros(1, dtype=torch.int64)}) == "float32"

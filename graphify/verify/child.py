@@ -1,6 +1,6 @@
 """Runs one version of a script for `graphify verify`:
 
-    python graphify/verify/child.py SCRIPT OUT.json STEPS [--as PATH] [--profile] -- ARGS...
+    python graphify/verify/child.py SCRIPT OUT.json STEPS [--as PATH] [--profile] [--nudge] -- ARGS...
 
 (or `python -m graphify.verify.child ...`). It imports nothing from graphify, so the runner starts it
 by path and the script's import path stays as if it were run directly.
@@ -10,6 +10,8 @@ folder (PATH: the user's script; SCRIPT: the instrumented copy that actually run
 torch are seeded with 0 first. `__graphify_probe__(value, optimizers)`, which instrumentation put after
 the step, records each step; after STEPS steps it writes OUT.json and OUT.pt (final parameters and
 optimizer state) and ends the script. A script that ends on its own is recorded as far as it got.
+With --nudge, the parameters are moved by one unit in the last place right after the first step: a run
+that measures how far rounding alone carries this training (the noise floor of the comparison).
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ class StopScript(BaseException):
 
 
 class Recorder:
-    def __init__(self, torch, steps: int, out: str, profile: bool, progress_fd: int) -> None:
+    def __init__(self, torch, steps: int, out: str, profile: bool, nudge: bool, progress_fd: int) -> None:
         self.torch, self.steps, self.out, self.profile, self.progress_fd = torch, steps, out, profile, progress_fd
+        self.nudge = nudge
         self.times: list[float] = []
         self.values: list[list[float]] = []
         self.optimizers: tuple = ()
@@ -55,6 +58,8 @@ class Recorder:
             self.optimizers = tuple(optimizers) if isinstance(optimizers, (tuple, list)) else (optimizers,)
         os.write(self.progress_fd, b".")
         n = len(self.times)
+        if self.nudge and n == 1:
+            _nudge(torch, self.optimizers)
         if self.profile and cuda and n == self.steps - PROFILED_STEPS and n >= 15:  # well after capture
             self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
             self.profiler.__enter__()
@@ -89,6 +94,7 @@ class Recorder:
             "cuda": cuda,
             "device": torch.cuda.get_device_name() if cuda else "cpu",
             "on_cuda": params_on_cuda if params else cuda,  # decides the default tolerances
+            "precision": _precision(torch, params),  # so does this
             "peak_memory": torch.cuda.max_memory_allocated() if cuda else None,
             "graphs": _captured_graphs(),
         }
@@ -109,6 +115,42 @@ def _floats(torch, value) -> list[float]:
         return [float(value)]
     except (TypeError, ValueError):
         return []
+
+
+def _nudge(torch, optimizers) -> None:
+    """One ulp away from zero on every floating-point parameter: add 1 to its bits."""
+    bits = {8: torch.int64, 4: torch.int32, 2: torch.int16}
+    with torch.no_grad():
+        for opt in optimizers:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    if p.is_floating_point() and p.element_size() in bits:
+                        p.view(bits[p.element_size()]).add_(1)
+
+
+_AUTOCAST_DTYPES: set = set()
+
+
+def _record_autocast(torch) -> None:
+    """Remember the dtypes that CUDA autocast regions computed in."""
+    autocast = torch.amp.autocast_mode.autocast
+    enter = autocast.__enter__
+
+    def recorded(self):
+        if getattr(self, "_enabled", False) and getattr(self, "device", None) == "cuda":
+            _AUTOCAST_DTYPES.add(str(self.fast_dtype).replace("torch.", ""))
+        return enter(self)
+
+    autocast.__enter__ = recorded
+
+
+def _precision(torch, params: dict) -> str:
+    """The narrowest floating-point type the training computed in: parameters and autocast regions."""
+    dtypes = {str(t.dtype).replace("torch.", "") for t in params.values() if t.is_floating_point()} | _AUTOCAST_DTYPES
+    for name in ("bfloat16", "float16", "float32"):  # fewest mantissa bits first
+        if name in dtypes:
+            return name
+    return "float64" if dtypes else "float32"
 
 
 def _optimizer_tensors(torch, optimizers) -> tuple[dict, dict, bool]:
@@ -214,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("steps", type=int)
     parser.add_argument("--as", dest="as_path")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--nudge", action="store_true")
     ns = parser.parse_args(argv[:split])
     script_args = argv[split + 1:]
     as_path = os.path.abspath(ns.as_path or ns.script)
@@ -224,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     with open(ns.script, encoding="utf-8") as f:
         code = compile(f.read(), ns.script, "exec")
     progress_fd = os.open(ns.out[:-5] + ".progress", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    recorder = Recorder(torch, ns.steps, ns.out, ns.profile, progress_fd)
+    recorder = Recorder(torch, ns.steps, ns.out, ns.profile, ns.nudge, progress_fd)
     builtins.__graphify_probe__ = recorder
     sys.argv = [as_path] + script_args
     module = types.ModuleType("__main__")
@@ -233,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.modules["__main__"] = module
     _seed(torch)
     _same_arithmetic(torch)
+    _record_autocast(torch)
     _count_captures(torch)
     global _cuda_seen
     _cuda_seen = torch.cuda.is_available()

@@ -13,6 +13,7 @@ from rich.progress import (
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
+from graphify.verify.compare import NOISE_FACTOR
 from graphify.verify.report import VerifyReport
 
 
@@ -90,6 +91,8 @@ def _runs_table(report: VerifyReport) -> Table:
 def _equivalence_table(report: VerifyReport) -> Table:
     c = report.comparison
     tol = "exact" if c.exact else f"rtol {c.rtol:g}, atol {c.atol:g}"
+    if c.noise is not None:
+        tol += f", plus {NOISE_FACTOR}x the rounding noise"
     table = Table("", "compared", "max abs diff", "max rel diff", "first mismatch", "", title=f"equivalence ({tol})", title_justify="left")
     table.columns[0].no_wrap = True
     rows = [("steps", None), ("losses" if report.loop["kind"] == "train" else "outputs", c.losses),
@@ -101,6 +104,10 @@ def _equivalence_table(report: VerifyReport) -> Table:
             continue
         mismatch = d.first_bad or (d.problems[0] if d.problems else "")
         table.add_row(name, str(d.compared), _fmt(d.max_abs, "{:.3g}"), _fmt(d.max_rel, "{:.3g}"), mismatch, _mark(d.ok))
+    if c.noise is not None:
+        n = c.noise
+        table.caption = (f"rounding noise (the original against itself nudged by one ulp after step 1): max rel "
+                         f"{n.losses.max_rel:.3g} on losses, {n.params.max_rel:.3g} on parameters")
     return table
 
 

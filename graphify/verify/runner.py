@@ -70,6 +70,7 @@ def run_version(
     workdir: str,
     *,
     profile: bool = False,
+    nudge: bool = False,
     timeout: float | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> RunResult:
@@ -84,6 +85,8 @@ def run_version(
     cmd = [sys.executable, child.__file__, copy, out, str(steps), "--as", os.path.abspath(script)]
     if profile:
         cmd.append("--profile")
+    if nudge:
+        cmd.append("--nudge")
     cmd += ["--", *args]
     with open(os.path.join(workdir, f"{label}.stdout"), "wb") as stdout, open(os.path.join(workdir, f"{label}.stderr"), "wb") as stderr:
         proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.abspath(script)), env=child_env(),

@@ -12,7 +12,8 @@ class CapturedStep:
     For every distinct `key` (host-side branch outcomes such as "optimizer steps this time"), the first
     `warmup` calls on CUDA run eagerly on a side stream; the next call copies its inputs into static
     buffers, captures the step and replays it; later calls copy their inputs in and replay. A call whose
-    inputs differ in shape, dtype or device from the captured ones, every call without CUDA inputs, and
+    inputs differ in shape, dtype or device from the captured ones, every call off CUDA (inputs, or for
+    a step without tensor inputs the optimizers' parameters, not on CUDA), and
     a call after a float learning rate changed on an optimizer that cannot read a tensor one, run the
     step eagerly. With `device` set to a CUDA device, host tensors among the inputs are copied there
     first, so the step's own `.to(device)` calls find them in place. A replay returns the graph's
@@ -36,7 +37,7 @@ class CapturedStep:
         if self.device is not None and self.device.type == "cuda":
             inputs = self._to_device(inputs, self.device)
         tensors = self._tensors(inputs)
-        if not tensors or not all(t.is_cuda for t in tensors):
+        if not self._on_cuda(tensors):
             return self.step(*inputs)
         captured = self.graphs.get(key)
         if captured is not None:
@@ -80,6 +81,13 @@ class CapturedStep:
         self.graphs[key] = (graph, self._tensors(static_inputs), static_outputs)
         graph.replay()  # capture records the step without running it: this replay trains on the batch
         return static_outputs
+
+    def _on_cuda(self, tensors):
+        """CUDA inputs; a step without tensor inputs (it reads buffers of its own) goes by its parameters."""
+        if tensors:
+            return all(t.is_cuda for t in tensors)
+        params = [p for optimizer in self.optimizers for group in optimizer.param_groups for p in group["params"]]
+        return bool(params) and all(p.is_cuda for p in params)
 
     def _settings_unchanged(self):
         return all(g["lr"] == lr for g, lr in self.frozen_lrs) and all(
