@@ -69,14 +69,14 @@ COMPILE_VARIANTS = ("compile-model", "compile-step")
 #: (n1, n2) steps per workload. ms/step is measured over the n2 - n1 extra steps, so n2 - n1 is
 #: chosen large enough that even graph replays (tens of microseconds a step on the small
 #: workloads) add up to far more than the jitter of a call's setup, and small enough that the
-#: whole benchmark fits in about 8 minutes on one H100.
+#: whole benchmark fits in one 10-minute call on an H200 (the compute-bound ones take 0.1-0.5 s a step).
 STEPS = {
     "tiny": (20, 620),
     "mlp": (20, 420),
     "cnn": (20, 320),
     "transformer": (20, 220),
-    "mlp_large_batch": (3, 13),
-    "cnn_large": (3, 23),
+    "mlp_large_batch": (2, 8),
+    "cnn_large": (2, 12),
 }
 QUICK_STEPS = (4, 8)
 DEFAULT_REPEATS = 3
