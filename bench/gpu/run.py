@@ -67,11 +67,12 @@ VARIANTS = ("eager", "graphify", "hand", "compile-model", "compile-step")
 COMPILE_VARIANTS = ("compile-model", "compile-step")
 
 #: (n1, n2) steps per workload. ms/step is measured over the n2 - n1 extra steps, so n2 - n1 is
-#: chosen large enough that even graph replays (tens of microseconds a step on the small
-#: workloads) add up to far more than the jitter of a call's setup, and small enough that the
-#: whole benchmark fits in one 10-minute call on an H200 (the compute-bound ones take 0.1-0.5 s a step).
+#: chosen large enough that even graph replays (30-40 microseconds a step on tiny, where 600 steps
+#: proved too short to time against host jitter) add up to far more than the jitter of a call's
+#: setup, and small enough that the whole benchmark fits in one 10-minute call on an H200 (the
+#: compute-bound workloads take 0.04-0.5 s a step).
 STEPS = {
-    "tiny": (20, 620),
+    "tiny": (20, 2020),
     "mlp": (20, 420),
     "cnn": (20, 320),
     "transformer": (20, 220),
