@@ -15,6 +15,7 @@ class Severity(str, Enum):
 class Verdict(str, Enum):
     CAPTURABLE = "capturable"
     AFTER_REWRITE = "capturable-after-rewrite"
+    PARTIAL = "partially-capturable"  # the model's forward and backward only; the rest of the step stays eager
     NOT_CAPTURABLE = "not-capturable"
 
 

@@ -25,7 +25,8 @@ from graphify.analysis.values import (
 )
 
 MAX_CALL_DEPTH = 4
-CAPTURED_STEP = "CapturedStep"  # the helper class `graphify rewrite` adds
+CAPTURED_STEP = "CapturedStep"  # the helper classes `graphify rewrite` adds
+GRAPHED_MODULE = "GraphedModule"
 NO_GRAD = ("no_grad", "inference_mode")
 LOOPS = (cst.For, cst.While)
 _SKIP = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -224,11 +225,11 @@ class ModuleAnalysis:
 
     @staticmethod
     def _already_captured(loop, env: Env) -> bool:
-        """A loop that `graphify rewrite` already turned into replays of a `CapturedStep`."""
+        """A loop that `graphify rewrite` already turned into replays of a `CapturedStep` (or a `GraphedModule`)."""
         for n in _iter_nodes(loop.body):
             if isinstance(n, cst.Call) and isinstance(n.func, cst.Name):
                 for value in env.values_of(n.func.value):
-                    if isinstance(value, cst.Call) and (dotted(value.func) or "").endswith(CAPTURED_STEP):
+                    if isinstance(value, cst.Call) and (dotted(value.func) or "").endswith((CAPTURED_STEP, GRAPHED_MODULE)):
                         return True
         return False
 

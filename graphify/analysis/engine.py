@@ -67,6 +67,8 @@ def analyze_module(source: str, path: str, settings, program: Program | None = N
         _decide(analysis)
         if analysis.verdict != Verdict.NOT_CAPTURABLE:
             _confirm_rewrite(analysis, module)
+        if analysis.verdict == Verdict.NOT_CAPTURABLE:
+            _try_partial(analysis)
         results.append(analysis)
         _report_loop(analysis, path, report)
     return ModuleResult(module, results, report)
@@ -96,6 +98,20 @@ def _confirm_rewrite(analysis: LoopAnalysis, module: ModuleInfo) -> None:
     except Refusal as refusal:
         analysis.verdict = Verdict.NOT_CAPTURABLE
         analysis.reasons = [refusal.reason]
+
+
+def _try_partial(analysis: LoopAnalysis) -> None:
+    """A loop that cannot be captured whole only because of its optimizer side may still replay the
+    model's forward and backward."""
+    from graphify.rewrite.plan import PARTIAL_OK, Refusal, make_partial_plan
+
+    if not set(analysis.reasons) <= PARTIAL_OK:
+        return
+    try:
+        analysis.plan = make_partial_plan(analysis)
+    except Refusal:
+        return
+    analysis.verdict = Verdict.PARTIAL
 
 
 def _report_loop(analysis: LoopAnalysis, path: str, report: Report) -> None:

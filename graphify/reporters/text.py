@@ -30,7 +30,7 @@ BLUE = "\x1b[34m"
 CYAN = "\x1b[36m"
 
 _SEVERITY_COLOR = {Severity.ERROR: RED, Severity.WARNING: YELLOW, Severity.INFO: BLUE}
-_VERDICT_COLOR = {Verdict.CAPTURABLE: GREEN, Verdict.AFTER_REWRITE: YELLOW, Verdict.NOT_CAPTURABLE: RED}
+_VERDICT_COLOR = {Verdict.CAPTURABLE: GREEN, Verdict.AFTER_REWRITE: YELLOW, Verdict.PARTIAL: YELLOW, Verdict.NOT_CAPTURABLE: RED}
 
 
 def render(report: Report, *, color: bool = False, source_lines: Callable[[str], list[str] | None] | None = None) -> str:
@@ -74,6 +74,7 @@ def summary(report: Report) -> str:
         _plural(len(verdicts), "loop"),
         f"{verdicts.count(Verdict.CAPTURABLE)} capturable",
         f"{verdicts.count(Verdict.AFTER_REWRITE)} capturable after rewrite",
+        *([f"{verdicts.count(Verdict.PARTIAL)} partially capturable"] if Verdict.PARTIAL in verdicts else []),
         _plural(len(report.diagnostics), "breaker"),
     ]
     if report.errors:

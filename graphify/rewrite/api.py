@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphify.analysis.engine import analyze_module
+from graphify.analysis.statements import names_written
 from graphify.model import FileError, Verdict
 from graphify.rewrite import runtime
 from graphify.rewrite.emit import Emission, Rewriter
 from graphify.rewrite.names import fresh_name
+from graphify.rewrite.plan import PartialPlan
 
 
 @dataclass
@@ -38,8 +40,8 @@ class RewriteResult:
         return self.code != self.source
 
 
-def _has_helper(tree: cst.Module) -> bool:
-    return any(isinstance(s, cst.ClassDef) and s.name.value == runtime.CLASS_NAME for s in tree.body)
+def _has_class(tree: cst.Module, name: str) -> bool:
+    return any(isinstance(s, cst.ClassDef) and s.name.value == name for s in tree.body)
 
 
 def rewrite_source(source: str, path: str, settings=None) -> RewriteResult:
@@ -64,15 +66,27 @@ def rewrite_source(source: str, path: str, settings=None) -> RewriteResult:
         plan = analysis.plan
         if plan is None:
             continue
-        anchor = next((a for a in loop.ancestors if isinstance(a, (cst.For, cst.While)) and _same_function(a, loop)), loop.node)
-        step_name = fresh_name("train_step" if loop.kind == "train" else "inference_step", taken)
+        outer = [a for a in loop.ancestors if isinstance(a, (cst.For, cst.While)) and _same_function(a, loop)]
+        if isinstance(plan, PartialPlan):
+            # before the outermost loop that does not assign the model, so that it graphs the current model
+            anchor = next((a for a in outer if plan.model not in names_written(a)), loop.node)
+            step_name = fresh_name(f"graphed_{plan.model}", taken)
+        else:
+            anchor = next(iter(outer), loop.node)
+            step_name = fresh_name("train_step" if loop.kind == "train" else "inference_step", taken)
         emissions.append(Emission(plan, step_name, anchor))
         outcome.rewritten, outcome.step_name = True, step_name
     if not emissions:
         return out
-    helper_present = _has_helper(tree)
-    helper_name = runtime.CLASS_NAME if helper_present or runtime.CLASS_NAME not in taken else fresh_name(runtime.CLASS_NAME, taken)
-    new_tree = tree.visit(Rewriter(emissions, helper_name, add_helper=not helper_present))
+    names, helpers = {}, []
+    for partial, class_name, source in ((False, runtime.CLASS_NAME, runtime.SOURCE), (True, runtime.PARTIAL_CLASS_NAME, runtime.PARTIAL_SOURCE)):
+        if not any(isinstance(e.plan, PartialPlan) == partial for e in emissions):
+            continue
+        present = _has_class(tree, class_name)
+        names[class_name] = class_name if present or class_name not in taken else fresh_name(class_name, taken)
+        if not present:
+            helpers.append(source.replace(class_name, names[class_name]))
+    new_tree = tree.visit(Rewriter(emissions, names, helpers))
     code = new_tree.code
     try:
         compile(code, path, "exec")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from graphify.files import SourceError, read_source
+from graphify.model import Verdict
 from graphify.rewrite import RewriteResult, rewrite_source
 
 
@@ -37,7 +38,11 @@ def loop_notes(result: RewriteResult, written: bool) -> list[str]:
     notes = []
     for o in result.outcomes:
         where = f"{o.path}:{o.line}: {o.kind} loop" + (f" in {o.function}()" if o.function else "")
-        if o.rewritten:
+        if o.rewritten and o.verdict == Verdict.PARTIAL:
+            verb = "graphed" if written else "would graph"
+            notes.append(f"{where}: {verb} the model's forward and backward as `{o.step_name}`; the rest of the step "
+                         f"stays eager ({', '.join(o.reasons)})")
+        elif o.rewritten:
             verb = "captured" if written else "would capture"
             notes.append(f"{where}: {verb} as `{o.step_name}` (warmup, capture, replay)")
         else:

@@ -1,4 +1,5 @@
-"""Applies plans to the module: step functions, the replay call, and the CapturedStep helper."""
+"""Applies plans to the module: step functions, the replay call, graphed modules (partial capture),
+and the helper classes."""
 
 from __future__ import annotations
 
@@ -7,16 +8,16 @@ from dataclasses import dataclass
 import libcst as cst
 
 from graphify.rewrite import runtime
-from graphify.rewrite.plan import Plan
+from graphify.rewrite.plan import PartialPlan, Plan
 
 _EMPTY = cst.Module([])
 
 
 @dataclass
 class Emission:
-    plan: Plan
-    step_name: str
-    anchor: cst.CSTNode  # statement before which the step function is defined
+    plan: Plan | PartialPlan
+    step_name: str  # the step function, or for a partial plan the graphed module
+    anchor: cst.CSTNode  # statement before which the step function (or graphed module) is defined
 
 
 def _comment(text: str) -> cst.EmptyLine:
@@ -38,24 +39,37 @@ def _with_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
 
 
 class Rewriter(cst.CSTTransformer):
-    def __init__(self, emissions: list[Emission], helper_name: str, add_helper: bool) -> None:
-        self.by_loop = {id(e.plan.loop.node): e for e in emissions}
-        self.anchors: dict[int, list[Emission]] = {}
-        for e in emissions:
-            self.anchors.setdefault(id(e.anchor), []).append(e)
-        self.helper_name = helper_name
-        self.add_helper = add_helper
+    def __init__(self, emissions: list[Emission], helper_names: dict[str, str], helper_sources: list[str]) -> None:
+        """helper_names: runtime class name -> its name in this file; helper_sources: classes to add."""
+        self.helper_name = helper_names.get(runtime.CLASS_NAME, runtime.CLASS_NAME)
+        self.helper_sources = helper_sources
+        self.by_loop = {id(e.plan.loop.node): e for e in emissions if isinstance(e.plan, Plan)}
         self.call_edits: dict[int, tuple[str, str]] = {}
+        self.renames: dict[int, str] = {}  # model call -> the graphed module it now calls
+        self.defs: dict[int, list[cst.BaseStatement]] = {}
         for e in emissions:
+            if isinstance(e.plan, PartialPlan):
+                self._graph_module(e, helper_names[runtime.PARTIAL_CLASS_NAME])
+                continue
             for call in e.plan.autocast_calls:
                 self.call_edits[id(call)] = ("cache_enabled", "False")
             for call in e.plan.zero_grads:
                 self.call_edits[id(call)] = ("set_to_none", "False")
-        self.defs: dict[int, list[cst.BaseStatement]] = {}
+
+    def _graph_module(self, e: Emission, class_name: str) -> None:
+        plan = e.plan
+        self.renames[id(plan.model_call)] = e.step_name
+        made = cst.parse_statement(f"{e.step_name} = {class_name}({plan.model})").with_changes(leading_lines=[
+            cst.EmptyLine(indent=False),
+            _comment(f"the whole step cannot be captured ({', '.join(plan.reasons)}): {plan.model}'s forward and backward replay from CUDA graphs"),
+        ])
+        self.defs.setdefault(id(e.anchor), []).append(made)
 
     # ---- calls edited in place ---------------------------------------------------------------
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if id(original) in self.renames:
+            return updated.with_changes(func=cst.Name(self.renames[id(original)]))
         edit = self.call_edits.get(id(original))
         return _with_kwarg(updated, *edit) if edit else updated
 
@@ -113,7 +127,7 @@ class Rewriter(cst.CSTTransformer):
             else:
                 moved_after.append(stmts[i])
         body = (
-            stmts[: plan.first]
+            [s for i, s in enumerate(stmts[: plan.first]) if i not in plan.pulled_in]
             + [stmts[i] for i in plan.before]
             + [call_stmt]
             + clones
@@ -148,15 +162,16 @@ class Rewriter(cst.CSTTransformer):
         body = list(updated.body)
         if any(id(c) in self.defs for c in original.body):
             body = self._insert_defs(original.body, body)
-        if self.add_helper:
+        if self.helper_sources:
             at = _after_imports(body)
-            helper = list(cst.parse_module(runtime.SOURCE.replace(runtime.CLASS_NAME, self.helper_name)).body)
-            helper[0] = helper[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] if at else [])
+            helpers = [stmt for source in self.helper_sources for stmt in cst.parse_module(source).body]
+            for k, stmt in enumerate(helpers):
+                helpers[k] = stmt.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] if at or k else [])
             if at < len(body):
                 nxt = body[at]
                 missing = max(0, 2 - sum(1 for line in nxt.leading_lines if line.comment is None))
                 body[at] = nxt.with_changes(leading_lines=[cst.EmptyLine()] * missing + list(nxt.leading_lines))
-            body[at:at] = helper
+            body[at:at] = helpers
         return updated.with_changes(body=body)
 
 

@@ -74,6 +74,7 @@ class Plan:
     # the host read runs after the replay. index -> (captured statement, host statement)
     hoisted: dict[int, tuple[cst.BaseStatement, cst.BaseStatement]] = field(default_factory=dict)
     hoisted_reads: set[int] = field(default_factory=set)  # ids of the host-read calls moved out
+    pulled_in: list[int] = field(default_factory=list)  # statements before `first` moved into the step
 
 
 def body_of(loop: Loop) -> list[cst.BaseStatement]:
@@ -103,6 +104,7 @@ def make_plan(analysis: LoopAnalysis, enclosing: cst.CSTNode) -> Plan:
         raise Refusal("the step is not in the loop body")
     plan = Plan(loop, loop.kind, first=min(starts[0], anchors[0]), last=anchors[-1])
     _split_step(plan, body, env)
+    _pull_in_zero_grad(plan, body, env)
     _check_breakers(plan, analysis, body)
     _find_inputs_outputs(plan, body, env, enclosing)
     return plan
@@ -188,6 +190,27 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
             raise Refusal(f"line {_line(plan, node)}: cannot tell which optimizer the step uses")
         if not any(_same(optimizer, o) for o in plan.optimizers):
             plan.optimizers.append(optimizer)
+
+
+def _pull_in_zero_grad(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
+    """`optimizer.zero_grad()` shortly before the step moves into the step. Captured, it only hands
+    the gradients to the graph's pool, which every replay refills in place; left outside, it would
+    cost a Python call per step and leave `.grad` unset after each replay. Statements between it and
+    the step (batch preparation) must not touch gradients."""
+    if plan.keys:  # gradient accumulation: the keyed branches zero the gradients
+        return
+    for i in range(plan.first - 1, -1, -1):
+        stmt = body[i]
+        calls = [n for n in walk(stmt) if isinstance(n, cst.Call)]
+        zero = [c for c in calls if (m := method_call(c)) is not None and m[1] == "zero_grad"]
+        if zero and isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr) \
+                and stmt.body[0].value is zero[0]:
+            plan.graph.insert(0, i)
+            plan.pulled_in.append(i)
+            return
+        if zero or any(is_step_op(c, env) or id(c) in env.gpu_calls for c in calls) or any(
+                isinstance(n, cst.Attribute) and n.attr.value == "grad" for n in walk(stmt)):
+            return
 
 
 class _Replace(cst.CSTTransformer):
@@ -512,3 +535,55 @@ def _is_host_read_use(parents) -> bool:
             return isinstance(p, cst.FormattedStringExpression)
         return False
     return False
+
+
+# ---- partial capture: the model's forward and backward only ------------------------------------------
+
+# Blockers that live outside the model's forward and backward: a loop held back only by these can
+# still replay the model from CUDA graphs while the optimizer and scheduler run eagerly.
+PARTIAL_OK = {"GFY411"}
+
+
+@dataclass
+class PartialPlan:
+    loop: Loop
+    model_call: cst.Call  # `model(x)`: it becomes a call of the graphed module
+    model: str
+    reasons: list[str]  # why the whole step cannot be captured
+    kind: str = "train"
+
+
+def make_partial_plan(analysis: LoopAnalysis) -> PartialPlan:
+    """A plan to graph only the model's forward and backward, for a training loop whose whole step
+    cannot be captured for one of PARTIAL_OK's reasons."""
+    loop = analysis.loop
+    if loop.kind != "train" or loop.node.orelse is not None:
+        raise Refusal("partial capture is for training loops")
+    body = body_of(loop)
+    env = loop.region.body_block.env
+    calls = [n for s in body for n in walk(s) if isinstance(n, cst.Call)]
+    model_calls = [c for c in calls if is_model_call(c, env)]
+    if len(model_calls) != 1 or not isinstance(model_calls[0].func, cst.Name):
+        raise Refusal("partial capture needs exactly one call of the model, by name, in the loop body")
+    call = model_calls[0]
+    if not call.args or any(a.keyword is not None or a.star for a in call.args):
+        raise Refusal("partial capture needs the model called with positional tensors only")
+    if not any(isinstance(s, cst.SimpleStatementLine) and any(n is call for n in walk(s)) for s in body):
+        raise Refusal("partial capture needs the model call at the top level of the loop body")
+    if not any(is_backward(c, env) for c in calls):
+        raise Refusal("partial capture needs the backward pass in the loop body")
+    zero_grads = [c for c in calls if (m := method_call(c)) is not None and m[1] == "zero_grad"]
+    if not zero_grads or any(_keeps_grads(c) for c in zero_grads):
+        # a replayed backward hands autograd the graph's gradient buffers: they must not be added to
+        raise Refusal("partial capture needs `zero_grad()` (set_to_none) in every step")
+    if any(isinstance(n, cst.With) and any("autocast" in (dotted(i.item.func if isinstance(i.item, cst.Call) else i.item) or "")
+                                            for i in n.items) for s in body for n in walk(s)):
+        raise Refusal("partial capture under autocast is not supported")
+    return PartialPlan(loop, call, call.func.value, list(analysis.reasons))
+
+
+def _keeps_grads(zero_grad: cst.Call) -> bool:
+    value = kwarg(zero_grad, "set_to_none")
+    if value is None and zero_grad.args and zero_grad.args[0].keyword is None:
+        value = zero_grad.args[0].value
+    return value is not None and dotted(value) != "True"

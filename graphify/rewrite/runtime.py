@@ -1,4 +1,4 @@
-'''The helper class that `graphify rewrite` adds to a rewritten file, once.
+'''The helper classes that `graphify rewrite` adds to a rewritten file, once each.
 
 It is kept here as source text, because it becomes the user's code: plain PyTorch with no import of
 graphify. Every golden rewrite runs it (`tests/test_rewrite_fixtures.py` on the CPU, `tests/test_rewrite_gpu.py` on CUDA).
@@ -158,4 +158,66 @@ class CapturedStep:
         if isinstance(value, dict):
             return {k: CapturedStep._clone(v) for k, v in value.items()}
         return value
+'''
+
+PARTIAL_CLASS_NAME = "GraphedModule"
+
+PARTIAL_SOURCE = '''
+
+class GraphedModule:
+    """Runs a module's forward and backward from CUDA graphs (torch.cuda.make_graphed_callables) in a
+    training step that cannot be captured whole: the loss, the optimizer and the scheduler stay eager.
+
+    The first `warmup` calls on CUDA run the module eagerly; the next one captures its forward and
+    backward for that call's input shapes and replays them, as do later calls with the same shapes.
+    Other shapes, dtypes or devices, eval mode, calls without grad and calls off CUDA run the module
+    eagerly. The warmup passes that make_graphed_callables runs before capturing are undone (buffers
+    such as batch-norm statistics and the CUDA RNG state are restored), so training sees each batch
+    once. A replayed backward hands autograd the graph's own gradient buffers: reset gradients with
+    `zero_grad(set_to_none=True)` (the default) before every backward.
+    """
+
+    def __init__(self, module, warmup=3):
+        self.module = module
+        self.warmup = warmup
+        self.eager_runs = 0
+        self.graphed = None  # the module's graphed forward and backward
+        self.signature = None  # the inputs' shapes, dtypes, devices and requires_grad it was captured for
+
+    def __call__(self, *inputs):
+        if not self._graphable(inputs):
+            return self.module(*inputs)
+        signature = [(t.shape, t.dtype, t.device, t.requires_grad) for t in inputs]
+        if self.graphed is None:
+            if self.eager_runs < self.warmup:
+                self.eager_runs += 1
+                return self.module(*inputs)
+            self._capture(inputs)
+            self.signature = signature
+        if signature != self.signature:
+            return self.module(*inputs)
+        return self.graphed(*inputs)
+
+    def _graphable(self, inputs):
+        return (
+            self.module.training
+            and torch.is_grad_enabled()
+            and bool(inputs)
+            and all(torch.is_tensor(t) and t.is_cuda for t in inputs)
+            and not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in self.module.modules())
+        )
+
+    def _capture(self, inputs):
+        buffers = [b.clone() for b in self.module.buffers()]
+        rng = torch.cuda.get_rng_state()
+        # make_graphed_callables swaps the forward of the module it is given: give it a holder
+        holder = torch.nn.Module()
+        holder.module = self.module
+        holder.forward = self.module.__call__
+        samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
+        self.graphed = torch.cuda.make_graphed_callables(holder, samples)
+        with torch.no_grad():
+            for buffer, saved in zip(self.module.buffers(), buffers):
+                buffer.copy_(saved)
+        torch.cuda.set_rng_state(rng)
 '''

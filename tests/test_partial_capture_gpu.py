@@ -1,0 +1,54 @@
+"""Partial capture on a GPU: a loop whose optimizer side cannot be captured (SGD under OneCycleLR)
+replays only the model's forward and backward, and trains like the original.
+
+The script has what makes partial capture hard: batch norm (its running statistics must not see
+make_graphed_callables' warmup passes), dropout (the CUDA RNG must be where eager would leave it)
+and a last partial batch of each epoch (it must run eagerly, not crash a replay).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from graphify.rewrite import rewrite_source
+from graphify.verify import verify_file
+
+pytestmark = pytest.mark.cuda
+
+SCRIPT = textwrap.dedent("""\
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    device = "cuda"
+    model = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 4)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loader = DataLoader(TensorDataset(torch.randn(100, 32), torch.randint(0, 4, (100,))), batch_size=16, shuffle=True)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, epochs=4, steps_per_epoch=len(loader))
+    criterion = nn.CrossEntropyLoss()
+
+    for epoch in range(4):
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+""")
+
+
+def test_partial_capture_trains_like_the_original(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    result = rewrite_source(SCRIPT, str(path))
+    assert [o.verdict.value for o in result.outcomes] == ["partially-capturable"]
+    assert "GraphedModule(model)" in result.code
+    report = verify_file(str(path), steps=20)  # 7 batches an epoch, the 7th of 4 samples
+    assert report.passed, (report.message, report.detail, report.to_dict())
+    rewrite = report.rewrite.data
+    assert rewrite["graphs"] == 2  # one forward and one backward graph, captured once
+    assert report.original.data["graphs"] == 0
