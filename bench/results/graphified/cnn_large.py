@@ -242,6 +242,7 @@ def train(model, optimizer, scheduler, loss_fn, batches, steps):
 
     # graphify: one training step of the loop below, replayed from a CUDA graph
     def train_step(x, y):
+        optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=USE_BF16, cache_enabled=False):
             loss = loss_fn(model(x), y)
         loss.backward()
@@ -249,7 +250,6 @@ def train(model, optimizer, scheduler, loss_fn, batches, steps):
     train_step = CapturedStep(train_step, optimizers=(optimizer,))
     for step in range(steps):
         x, y = batches[step % len(batches)]
-        optimizer.zero_grad(set_to_none=True)
         # graphify: replay the captured step (warmup and capture on first calls)
         train_step(x, y)
         if scheduler is not None:

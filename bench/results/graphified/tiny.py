@@ -197,13 +197,13 @@ def train(model, optimizer, scheduler, loss_fn, batches, steps):
 
     # graphify: one training step of the loop below, replayed from a CUDA graph
     def train_step(x, y):
+        optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()
         optimizer.step()
     train_step = CapturedStep(train_step, optimizers=(optimizer,))
     for step in range(steps):
         x, y = batches[step % len(batches)]
-        optimizer.zero_grad(set_to_none=True)
         # graphify: replay the captured step (warmup and capture on first calls)
         train_step(x, y)
         if scheduler is not None:
