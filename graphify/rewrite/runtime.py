@@ -168,7 +168,8 @@ class GraphedModule:
     """Runs a module's forward and backward from CUDA graphs (torch.cuda.make_graphed_callables) in a
     training step that cannot be captured whole: the loss, the optimizer and the scheduler stay eager.
 
-    The first `warmup` calls on CUDA run the module eagerly; the next one captures its forward and
+    The first `warmup` calls on CUDA run the module eagerly on a side stream (capture needs the
+    autograd nodes they create away from the default stream); the next one captures its forward and
     backward for that call's input shapes and replays them, as do later calls with the same shapes.
     Other shapes, dtypes or devices, eval mode, calls without grad and calls off CUDA run the module
     eagerly. The warmup passes that make_graphed_callables runs before capturing are undone (buffers
@@ -181,6 +182,7 @@ class GraphedModule:
         self.module = module
         self.warmup = warmup
         self.eager_runs = 0
+        self.stream = None
         self.graphed = None  # the module's graphed forward and backward
         self.signature = None  # the inputs' shapes, dtypes, devices and requires_grad it was captured for
 
@@ -191,7 +193,12 @@ class GraphedModule:
         if self.graphed is None:
             if self.eager_runs < self.warmup:
                 self.eager_runs += 1
-                return self.module(*inputs)
+                self.stream = self.stream or torch.cuda.Stream()
+                self.stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.stream):
+                    outputs = self.module(*inputs)
+                torch.cuda.current_stream().wait_stream(self.stream)
+                return outputs
             self._capture(inputs)
             self.signature = signature
         if signature != self.signature:
