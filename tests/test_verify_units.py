@@ -155,3 +155,38 @@ def test_nudge_moves_every_parameter_by_one_ulp_and_precision_is_the_narrowest()
     assert child._precision(torch, {"a": torch.zeros(1), "b": torch.zeros(1, dtype=torch.float64)}) == "float32"
     assert child._precision(torch, {"a": torch.zeros(1, dtype=torch.float16), "b": torch.zeros(1, dtype=torch.bfloat16)}) == "bfloat16"
     assert child._precision(torch, {"step": torch.zeros(1, dtype=torch.int64)}) == "float32"
+
+
+def test_profile_summary_and_the_verdict_it_drives():
+    """The GPU's idle share of the eager step decides the verdict (launch calls are only part of the
+    host's cost per kernel)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from graphify.verify import child
+    from graphify.verify.report import VerifyReport, speed_verdict
+    from graphify.verify.runner import RunResult
+
+    def event(name, device, us):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    steps, window_s = 5, 0.010  # 5 steps, 2 ms each
+    events = [event("cudaLaunchKernel", DeviceType.CPU, 4.0) for _ in range(100)]
+    events += [event("gemm", DeviceType.CUDA, 10.0) for _ in range(100)] + [event("Memcpy HtoD", DeviceType.CUDA, 500.0)]
+    eager = child._summarize(events, window_s, steps)
+    assert eager["kernels_per_step"] == 20 and eager["launches_per_step"] == 20
+    assert math.isclose(eager["launch_share"], 0.04) and math.isclose(eager["gpu_busy_share"], 0.15)
+    graphed = child._summarize([event("cudaGraphLaunch", DeviceType.CPU, 5.0)] * steps, window_s, steps)
+    assert graphed["graph_launches_per_step"] == 1
+
+    def report(busy):
+        r = VerifyReport("train.py", 20)
+        r.original = RunResult("original", 0, data={"on_cuda": True, "times": [0.002 * k for k in range(20)],
+                                                     "profile": dict(eager, gpu_busy_share=busy)})
+        r.rewrite = RunResult("rewrite", 0, data={"graphs": 1, "times": [0.0005 * k for k in range(20)], "profile": graphed})
+        return speed_verdict(r)
+
+    assert report(0.15).startswith("host-bound: the GPU ran kernels only 15%") and "(measured 4.00x)" in report(0.15)
+    assert report(0.95).startswith("GPU-bound")
+    assert "moderate" in report(0.7)

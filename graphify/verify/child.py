@@ -171,15 +171,17 @@ def _optimizer_tensors(torch, optimizers) -> tuple[dict, dict, bool]:
 
 
 def _summarize(events, window_s: float, steps: int) -> dict:
-    """Kernels per step, launch calls per step, and the CPU time of launch calls over the step time."""
+    """Kernels per step, launch calls per step, the CPU time of launch calls over the step time, and
+    the share of the step the GPU spent running kernels (the rest it waited for the host)."""
     from torch.autograd import DeviceType
 
     kernels = launches = graph_launches = 0
-    launch_us = 0.0
+    launch_us = kernel_us = 0.0
     for e in events:
         if e.device_type == DeviceType.CUDA:
             if not e.name.startswith(("Memcpy", "Memset")):
                 kernels += 1
+            kernel_us += e.time_range.elapsed_us()
         elif e.name.split("_v")[0] in LAUNCH_CALLS:  # "cudaLaunchKernel", "cuLaunchKernel_v2"...
             launches += 1
             graph_launches += "Graph" in e.name
@@ -189,6 +191,8 @@ def _summarize(events, window_s: float, steps: int) -> dict:
         "launches_per_step": launches / steps,
         "graph_launches_per_step": graph_launches / steps,
         "launch_share": (launch_us / 1e6) / window_s if window_s > 0 else None,
+        # kernels on several streams may overlap: never more than the whole step
+        "gpu_busy_share": min(1.0, (kernel_us / 1e6) / window_s) if window_s > 0 else None,
     }
 
 

@@ -81,6 +81,7 @@ def _runs_table(report: VerifyReport) -> Table:
         ("kernels / step", [_fmt(p.get("kernels_per_step"), "{:.0f}") for p in profiles]),
         ("launches / step", [_fmt(p.get("launches_per_step"), "{:.0f}") for p in profiles]),
         ("launch share", [_fmt(p.get("launch_share"), "{:.0%}") for p in profiles]),
+        ("GPU busy", [_fmt(p.get("gpu_busy_share"), "{:.0%}") for p in profiles]),
         ("graphs captured", [_fmt(r.data.get("graphs"), "{}") for r in runs]),
     ]
     for name, cells in rows:

@@ -103,7 +103,8 @@ def _run_dict(run) -> dict:
 
 def speed_verdict(report: VerifyReport) -> str:
     """The rule of thumb: CUDA graphs pay off when launch overhead is a large share of the step and
-    shapes are stable."""
+    shapes are stable. Launch overhead shows best as the time the GPU sits idle waiting for the host
+    (the launch calls themselves are only part of the host's time per kernel)."""
     original, rewrite = report.original, report.rewrite
     if not report.on_cuda:
         return "no CUDA: both versions ran the same eager code on the CPU, so no speedup can be measured here; run on a GPU"
@@ -112,15 +113,17 @@ def speed_verdict(report: VerifyReport) -> str:
     speedup = report.speedup
     measured = f" (measured {speedup:.2f}x)" if speedup else ""
     replays = (rewrite.data.get("profile") or {}).get("graph_launches_per_step")
-    share = (original.data.get("profile") or {}).get("launch_share")
+    profile = original.data.get("profile") or {}
+    busy = profile.get("gpu_busy_share")
     if replays is not None and replays < 0.99:
         return f"shapes are not stable: only {replays:.2f} graph replays per step, the other steps ran eagerly; graphs cannot pay off while shapes change{measured}"
-    if share is None:
+    if busy is None:
         if speedup is None:
             return "no timing: too few steps"
         return ("CUDA graphs pay off here" if speedup >= 1.1 else "CUDA graphs gain little here") + measured + "; no profile of launch overhead"
-    if share >= 0.3:
-        return f"launch-bound: kernel launches took {share:.0%} of the eager step, so CUDA graphs pay off{measured}"
-    if share < 0.1:
-        return f"GPU-bound: kernel launches took only {share:.0%} of the eager step, so CUDA graphs gain little{measured}"
-    return f"kernel launches took {share:.0%} of the eager step: expect a moderate gain from CUDA graphs{measured}"
+    # the GPU idles while the host launches kernels and runs Python between them: that is what a replay removes
+    if busy <= 0.5:
+        return f"host-bound: the GPU ran kernels only {busy:.0%} of the eager step and waited on kernel launches and Python the rest, so CUDA graphs pay off{measured}"
+    if busy >= 0.9:
+        return f"GPU-bound: the GPU ran kernels {busy:.0%} of the eager step, so CUDA graphs gain little{measured}"
+    return f"the GPU ran kernels {busy:.0%} of the eager step: expect a moderate gain from CUDA graphs{measured}"
