@@ -190,3 +190,18 @@ def test_profile_summary_and_the_verdict_it_drives():
     assert report(0.15).startswith("host-bound: the GPU ran kernels only 15%") and "(measured 4.00x)" in report(0.15)
     assert report(0.95).startswith("GPU-bound")
     assert "moderate" in report(0.7)
+
+
+def test_a_loop_that_stops_within_warmup_and_capture_is_not_timed():
+    """Five steps are warmup and capture only: timing them would report the capture as the speed."""
+    from graphify.verify.report import VerifyReport, speed_verdict
+    from graphify.verify.runner import RunResult
+
+    r = VerifyReport("train.py", 20)
+    r.original = RunResult("original", 0, data={"on_cuda": True, "times": [0.003 * k for k in range(5)]})
+    r.rewrite = RunResult("rewrite", 0, data={"graphs": 1, "times": [0.0, 0.01, 0.02, 0.03, 0.08]})
+    assert r.original.step_ms is None and r.speedup is None
+    assert speed_verdict(r).startswith("no timing: the loop ran too few steps")
+    r.original.data["times"] = [0.003 * k for k in range(8)]
+    r.rewrite.data["times"] = [0.0, 0.01, 0.02, 0.03, 0.08, 0.081, 0.082, 0.083]
+    assert math.isclose(r.speedup, 3.0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphify.verify.runner import SETUP_STEPS
+
 PASSED, FAILED, ERROR = 0, 1, 2  # exit codes: equivalent / not equivalent / could not run
 
 
@@ -119,7 +121,7 @@ def speed_verdict(report: VerifyReport) -> str:
         return f"shapes are not stable: only {replays:.2f} graph replays per step, the other steps ran eagerly; graphs cannot pay off while shapes change{measured}"
     if busy is None:
         if speedup is None:
-            return "no timing: too few steps"
+            return f"no timing: the loop ran too few steps past warmup and capture (at least {SETUP_STEPS + 2} are needed)"
         return ("CUDA graphs pay off here" if speedup >= 1.1 else "CUDA graphs gain little here") + measured + "; no profile of launch overhead"
     # the GPU idles while the host launches kernels and runs Python between them: that is what a replay removes
     if busy <= 0.5:

@@ -45,7 +45,7 @@ class RunResult:
     def _steady(self) -> list[float]:
         d = self.durations
         end = len(d) - self.data.get("profiled_steps", 0)  # the profiler slows the steps it watches
-        return d[SETUP_STEPS:end] or d[SETUP_STEPS:] or d
+        return d[SETUP_STEPS:end] or d[SETUP_STEPS:]  # nothing when the loop stopped within warmup and capture
 
     @property
     def step_ms(self) -> float | None:
