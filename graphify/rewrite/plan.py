@@ -171,11 +171,9 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
         raise Refusal("nothing left to capture")
     for i in plan.graph:
         for n in walk(body[i]):
-            if isinstance(n, cst.WithItem) and (env.qualify(n.item.func) if isinstance(n.item, cst.Call) else "") :
-                if (env.qualify(n.item.func) or "").endswith("autocast"):
-                    plan.autocast_calls.append(n.item)
-            m = method_call(n)
-            if plan.keys and m is not None and m[1] == "zero_grad":
+            if isinstance(n, cst.WithItem) and _is_autocast(n, env):
+                plan.autocast_calls.append(n.item)
+            if plan.keys and _is_zero_grad(n):
                 plan.zero_grads.append(n)
     region = plan.loop.region
     graph_nodes = [body[i] for i in plan.graph]
@@ -202,7 +200,7 @@ def _pull_in_zero_grad(plan: Plan, body: list[cst.BaseStatement], env: Env) -> N
     for i in range(plan.first - 1, -1, -1):
         stmt = body[i]
         calls = [n for n in walk(stmt) if isinstance(n, cst.Call)]
-        zero = [c for c in calls if (m := method_call(c)) is not None and m[1] == "zero_grad"]
+        zero = [c for c in calls if _is_zero_grad(c)]
         if zero and isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr) \
                 and stmt.body[0].value is zero[0]:
             plan.graph.insert(0, i)
@@ -285,6 +283,15 @@ def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env) -> None:
 def _is_scaler_call(node: cst.CSTNode, env: Env) -> bool:
     m = method_call(node)
     return m is not None and m[1] in ("step", "update", "unscale_") and env.kind_of(m[0]) == SCALER
+
+
+def _is_zero_grad(node: cst.CSTNode) -> bool:
+    m = method_call(node)
+    return m is not None and m[1] == "zero_grad"
+
+
+def _is_autocast(item: cst.WithItem, env: Env) -> bool:
+    return isinstance(item.item, cst.Call) and (env.qualify(item.item.func) or "").endswith("autocast")
 
 
 def _sets_lr(stmt: cst.CSTNode) -> bool:
@@ -550,7 +557,6 @@ class PartialPlan:
     model_call: cst.Call  # `model(x)`: it becomes a call of the graphed module
     model: str
     reasons: list[str]  # why the whole step cannot be captured
-    kind: str = "train"
 
 
 def make_partial_plan(analysis: LoopAnalysis) -> PartialPlan:
@@ -572,12 +578,11 @@ def make_partial_plan(analysis: LoopAnalysis) -> PartialPlan:
         raise Refusal("partial capture needs the model call at the top level of the loop body")
     if not any(is_backward(c, env) for c in calls):
         raise Refusal("partial capture needs the backward pass in the loop body")
-    zero_grads = [c for c in calls if (m := method_call(c)) is not None and m[1] == "zero_grad"]
+    zero_grads = [c for c in calls if _is_zero_grad(c)]
     if not zero_grads or any(_keeps_grads(c) for c in zero_grads):
         # a replayed backward hands autograd the graph's gradient buffers: they must not be added to
         raise Refusal("partial capture needs `zero_grad()` (set_to_none) in every step")
-    if any(isinstance(n, cst.With) and any("autocast" in (dotted(i.item.func if isinstance(i.item, cst.Call) else i.item) or "")
-                                            for i in n.items) for s in body for n in walk(s)):
+    if any(isinstance(n, cst.WithItem) and _is_autocast(n, env) for s in body for n in walk(s)):
         raise Refusal("partial capture under autocast is not supported")
     return PartialPlan(loop, call, call.func.value, list(analysis.reasons))
 

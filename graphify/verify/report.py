@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphify.verify.compare import NOISE_FACTOR
 from graphify.verify.runner import SETUP_STEPS
 
 PASSED, FAILED, ERROR = 0, 1, 2  # exit codes: equivalent / not equivalent / could not run
@@ -78,8 +79,6 @@ class VerifyReport:
 
 def _noise_dict(c) -> dict | None:
     """How far one ulp moved the original's values: allowed NOISE_FACTOR times over on top of rtol/atol."""
-    from graphify.verify.compare import NOISE_FACTOR
-
     if c.noise is None:
         return None
     return {"factor": NOISE_FACTOR, "losses_max_rel": c.noise.losses.max_rel, "params_max_rel": c.noise.params.max_rel,
