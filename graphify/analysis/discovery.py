@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterator
@@ -25,8 +24,11 @@ from graphify.analysis.values import (
 )
 
 MAX_CALL_DEPTH = 4
-CAPTURED_STEP = "CapturedStep"  # the helper classes `graphify rewrite` adds
-GRAPHED_MODULE = "GraphedModule"
+RUNTIME_HELPERS = ("graphify.runtime.CapturedStep", "graphify.runtime.GraphedModule")  # what rewrites call
+
+
+def _is_runtime_helper(func: cst.BaseExpression, module: ModuleInfo) -> bool:
+    return module.aliases.qualify(func) in RUNTIME_HELPERS
 NO_GRAD = ("no_grad", "inference_mode")
 LOOPS = (cst.For, cst.While)
 _SKIP = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -219,9 +221,20 @@ class ModuleAnalysis:
                 return True
         if scope is None:
             return False
-        if re.search(rf"\b{scope.name.value}\s*=\s*{CAPTURED_STEP}\(", self.module.source):
+        if scope.name.value in self._captured_steps:
             return True  # the step function of a loop `graphify rewrite` already captured
         return any(isinstance(n, cst.Attribute) and n.attr.value in ("CUDAGraph", "make_graphed_callables") for n in _iter_nodes(scope.body))
+
+    @cached_property
+    def _captured_steps(self) -> set[str]:
+        """Functions wrapped as `f = CapturedStep(f)`, the runtime's class however it is imported."""
+        found = set()
+        for n in _iter_nodes_all(self.module.tree):
+            if isinstance(n, cst.Assign) and isinstance(n.value, cst.Call) and n.value.args and _is_runtime_helper(n.value.func, self.module):
+                arg = n.value.args[0].value
+                if isinstance(arg, cst.Name):
+                    found.add(arg.value)
+        return found
 
     @staticmethod
     def _already_captured(loop, env: Env) -> bool:
@@ -229,7 +242,7 @@ class ModuleAnalysis:
         for n in _iter_nodes(loop.body):
             if isinstance(n, cst.Call) and isinstance(n.func, cst.Name):
                 for value in env.values_of(n.func.value):
-                    if isinstance(value, cst.Call) and (dotted(value.func) or "").endswith((CAPTURED_STEP, GRAPHED_MODULE)):
+                    if isinstance(value, cst.Call) and _is_runtime_helper(value.func, env.module):
                         return True
         return False
 

@@ -12,12 +12,14 @@ from graphify.analysis.prefilter import might_hold_loops
 from graphify.analysis.program import ModuleInfo, Program
 from graphify.analysis.tree import forget
 from graphify.model import Diagnostic, FileError, LoopReport, Report, Verdict
+from graphify.rules.rewrite_safety import FIXES
 
 
 @dataclass
 class LoopAnalysis:
     loop: Loop
-    findings: list[Finding] = field(default_factory=list)  # after settings and suppressions
+    findings: list[Finding] = field(default_factory=list)  # what check reports: after settings and suppressions
+    all_findings: list[Finding] = field(default_factory=list)  # what the rewrite must respect: every finding
     verdict: Verdict = Verdict.CAPTURABLE
     reasons: list[str] = field(default_factory=list)  # rule codes, or why the rewrite cannot capture it
     plan: object = None  # the rewrite plan, when the loop can be captured
@@ -51,22 +53,33 @@ def analyze_module(source: str, path: str, settings, program: Program | None = N
         checker = Checker(loop)
         analysis = LoopAnalysis(loop)
         seen = set()
+
+        def reported(finding: Finding) -> bool:
+            if not settings.enabled(finding.rule, finding.module.path):
+                return False
+            sup = suppressions.get(finding.module.path)
+            if sup is None:
+                sup = suppressions[finding.module.path] = parse_suppressions(finding.module.source)
+            return not sup.suppressed(finding.rule.code, finding.module.position(finding.node).start.line)
+
         for family in families():
             for finding in family.check(checker):
                 key = (id(finding.node), finding.rule.code)
-                if key in seen or not settings.enabled(finding.rule, finding.module.path):
+                if key in seen:
                     continue
                 seen.add(key)
-                sup = suppressions.get(finding.module.path)
-                if sup is None:
-                    sup = suppressions[finding.module.path] = parse_suppressions(finding.module.source)
-                start = finding.module.position(finding.node).start.line
-                if sup.suppressed(finding.rule.code, start):
-                    continue
-                analysis.findings.append(finding)
+                analysis.all_findings.append(finding)
+                if reported(finding):
+                    analysis.findings.append(finding)
         _decide(analysis)
-        if analysis.verdict != Verdict.NOT_CAPTURABLE:
-            _confirm_rewrite(analysis, module)
+        blocked = analysis.verdict == Verdict.NOT_CAPTURABLE
+        refusal = _confirm_rewrite(analysis, module)
+        if refusal is not None and not blocked:  # the planner's own reason: report it where it stands
+            if refusal.node is not None and not any(f.node is refusal.node for f in analysis.all_findings):
+                fix = FIXES.get(refusal.rule.code, "see `graphify rule " + refusal.rule.code + "`")
+                finding = Finding(refusal.rule, refusal.node, _module_of(loop, refusal.node), str(refusal), fix)
+                if reported(finding):
+                    analysis.findings.append(finding)
         if analysis.verdict == Verdict.NOT_CAPTURABLE:
             _try_partial(analysis)
         results.append(analysis)
@@ -78,26 +91,39 @@ def removable(finding: Finding) -> bool:
     return finding.rule.rewritable and finding.removable is not False
 
 
+def _module_of(loop: Loop, node: cst.CSTNode) -> ModuleInfo:
+    """The module holding a node of the loop's region (a called function may live in a sibling file)."""
+    return next((site.block.module for n, site in loop.region.nodes if n is node), loop.module)
+
+
 def _decide(analysis: LoopAnalysis) -> None:
-    blocking = sorted({f.rule.code for f in analysis.findings if not removable(f)})
+    """Suppressions and settings change what check reports, never what the rewrite treats as safe."""
+    blocking = sorted({f.rule.code for f in analysis.all_findings if not removable(f)})
     if blocking:
         analysis.verdict, analysis.reasons = Verdict.NOT_CAPTURABLE, blocking
-    elif analysis.findings:
+    elif analysis.all_findings:
         analysis.verdict = Verdict.AFTER_REWRITE
     else:
         analysis.verdict = Verdict.CAPTURABLE
 
 
-def _confirm_rewrite(analysis: LoopAnalysis, module: ModuleInfo) -> None:
-    """A loop is only called capturable if `graphify rewrite` can really capture it."""
+def _confirm_rewrite(analysis: LoopAnalysis, module: ModuleInfo):
+    """A loop is only called capturable if `graphify rewrite` can really capture it; returns the
+    planner's refusal, if any."""
     from graphify.rewrite.plan import Refusal, make_plan
 
     loop = analysis.loop
     try:
         analysis.plan = make_plan(analysis, loop.func.node if loop.func.node is not None else module.tree)
     except Refusal as refusal:
+        if analysis.verdict != Verdict.NOT_CAPTURABLE:
+            analysis.reasons = [refusal.reason]  # else the blocking findings stay the reasons
         analysis.verdict = Verdict.NOT_CAPTURABLE
-        analysis.reasons = [refusal.reason]
+        return refusal
+    # breakers that stay outside the captured step run eagerly where they stand
+    analysis.verdict = Verdict.AFTER_REWRITE if analysis.all_findings else Verdict.CAPTURABLE
+    analysis.reasons = []
+    return None
 
 
 def _try_partial(analysis: LoopAnalysis) -> None:

@@ -9,8 +9,7 @@ import libcst as cst
 from graphify.analysis.engine import analyze_module
 from graphify.analysis.statements import names_written
 from graphify.model import FileError, Verdict
-from graphify.rewrite import runtime
-from graphify.rewrite.emit import Emission, Rewriter
+from graphify.rewrite.emit import CAPTURED_STEP, GRAPHED_MODULE, RUNTIME_MODULE, Emission, Rewriter
 from graphify.rewrite.names import fresh_name
 from graphify.rewrite.plan import PartialPlan
 
@@ -40,8 +39,17 @@ class RewriteResult:
         return self.code != self.source
 
 
-def _has_class(tree: cst.Module, name: str) -> bool:
-    return any(isinstance(s, cst.ClassDef) and s.name.value == name for s in tree.body)
+def _runtime_imports(tree: cst.Module) -> dict[str, str]:
+    """Runtime names the file imports already: runtime name -> its name in the file."""
+    found = {}
+    for stmt in tree.body:
+        for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.ImportFrom) and small.module is not None and not isinstance(small.names, cst.ImportStar) \
+                    and cst.Module([]).code_for_node(small.module) == RUNTIME_MODULE:
+                for alias in small.names:
+                    local = alias.asname.name.value if alias.asname else alias.name.value
+                    found[cst.Module([]).code_for_node(alias.name)] = local
+    return found
 
 
 def rewrite_source(source: str, path: str, settings=None) -> RewriteResult:
@@ -78,15 +86,13 @@ def rewrite_source(source: str, path: str, settings=None) -> RewriteResult:
         outcome.rewritten, outcome.step_name = True, step_name
     if not emissions:
         return out
-    names, helpers = {}, []
-    for partial, class_name, source in ((False, runtime.CLASS_NAME, runtime.SOURCE), (True, runtime.PARTIAL_CLASS_NAME, runtime.PARTIAL_SOURCE)):
-        if not any(isinstance(e.plan, PartialPlan) == partial for e in emissions):
+    names, imports = _runtime_imports(tree), []
+    for partial, class_name in ((False, CAPTURED_STEP), (True, GRAPHED_MODULE)):
+        if class_name in names or not any(isinstance(e.plan, PartialPlan) == partial for e in emissions):
             continue
-        present = _has_class(tree, class_name)
-        names[class_name] = class_name if present or class_name not in taken else fresh_name(class_name, taken)
-        if not present:
-            helpers.append(source.replace(class_name, names[class_name]))
-    new_tree = tree.visit(Rewriter(emissions, names, helpers))
+        names[class_name] = class_name if class_name not in taken else fresh_name(class_name, taken)
+        imports.append(class_name if names[class_name] == class_name else f"{class_name} as {names[class_name]}")
+    new_tree = tree.visit(Rewriter(emissions, names, imports))
     code = new_tree.code
     try:
         compile(code, path, "exec")

@@ -1,5 +1,5 @@
 """Applies plans to the module: step functions, the replay call, graphed modules (partial capture),
-and the helper classes."""
+and the import of the runtime helpers."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from graphify.rewrite import runtime
 from graphify.rewrite.plan import PartialPlan, Plan
+
+RUNTIME_MODULE = "graphify.runtime"
+CAPTURED_STEP, GRAPHED_MODULE = "CapturedStep", "GraphedModule"
 
 _EMPTY = cst.Module([])
 
@@ -39,20 +41,18 @@ def _with_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
 
 
 class Rewriter(cst.CSTTransformer):
-    def __init__(self, emissions: list[Emission], helper_names: dict[str, str], helper_sources: list[str]) -> None:
-        """helper_names: runtime class name -> its name in this file; helper_sources: classes to add."""
-        self.helper_name = helper_names.get(runtime.CLASS_NAME, runtime.CLASS_NAME)
-        self.helper_sources = helper_sources
+    def __init__(self, emissions: list[Emission], helper_names: dict[str, str], imports: list[str]) -> None:
+        """helper_names: runtime class name -> its name in this file; imports: names to import from the runtime."""
+        self.helper_name = helper_names.get(CAPTURED_STEP, CAPTURED_STEP)
+        self.imports = imports
         self.by_loop = {id(e.plan.loop.node): e for e in emissions if isinstance(e.plan, Plan)}
         self.call_edits: dict[int, tuple[str, str]] = {}
         self.renames: dict[int, str] = {}  # model call -> the graphed module it now calls
         self.defs: dict[int, list[cst.BaseStatement]] = {}
         for e in emissions:
             if isinstance(e.plan, PartialPlan):
-                self._graph_module(e, helper_names[runtime.PARTIAL_CLASS_NAME])
+                self._graph_module(e, helper_names[GRAPHED_MODULE])
                 continue
-            for call in e.plan.autocast_calls:
-                self.call_edits[id(call)] = ("cache_enabled", "False")
             for call in e.plan.zero_grads:
                 self.call_edits[id(call)] = ("set_to_none", "False")
 
@@ -97,11 +97,8 @@ class Rewriter(cst.CSTTransformer):
             body=step_def.body.with_changes(body=graph_body),
             leading_lines=[cst.EmptyLine(indent=False), _comment(f"one {'training' if plan.kind == 'train' else 'inference'} step of the loop below, replayed from a CUDA graph")],
         )
-        optimizers = ", ".join(_EMPTY.code_for_node(o) for o in plan.optimizers)
-        opt_arg = f", optimizers=({optimizers},)" if optimizers else ""
-        if plan.device is not None:
-            opt_arg += f", device={_EMPTY.code_for_node(plan.device)}"
-        wrap = cst.parse_statement(f"{emission.step_name} = {self.helper_name}({emission.step_name}{opt_arg})")
+        device = f", device={_EMPTY.code_for_node(plan.device)}" if plan.device is not None else ""
+        wrap = cst.parse_statement(f"{emission.step_name} = {self.helper_name}({emission.step_name}{device})")
         self.defs.setdefault(id(emission.anchor), []).extend([step_def, wrap])
 
         key = ""
@@ -112,7 +109,7 @@ class Rewriter(cst.CSTTransformer):
         if plan.outputs:
             call = f"{', '.join(plan.outputs)} = {call}"
         call_stmt = cst.parse_statement(call).with_changes(leading_lines=[_comment("replay the captured step (warmup and capture on first calls)")])
-        clones = [cst.parse_statement(f"{n} = {n}.clone()") for n in plan.clones]
+        clones = [cst.parse_statement(f"{n} = {emission.step_name}.copy({n})") for n in plan.clones]
         if clones:
             clones[0] = clones[0].with_changes(leading_lines=[_comment("copy outputs kept beyond this step: the next replay overwrites them")])
 
@@ -162,16 +159,8 @@ class Rewriter(cst.CSTTransformer):
         body = list(updated.body)
         if any(id(c) in self.defs for c in original.body):
             body = self._insert_defs(original.body, body)
-        if self.helper_sources:
-            at = _after_imports(body)
-            helpers = [stmt for source in self.helper_sources for stmt in cst.parse_module(source).body]
-            for k, stmt in enumerate(helpers):
-                helpers[k] = stmt.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] if at or k else [])
-            if at < len(body):
-                nxt = body[at]
-                missing = max(0, 2 - sum(1 for line in nxt.leading_lines if line.comment is None))
-                body[at] = nxt.with_changes(leading_lines=[cst.EmptyLine()] * missing + list(nxt.leading_lines))
-            body[at:at] = helpers
+        if self.imports:
+            body.insert(_after_imports(body), cst.parse_statement(f"from {RUNTIME_MODULE} import {', '.join(self.imports)}\n"))
         return updated.with_changes(body=body)
 
 

@@ -33,7 +33,10 @@ from graphify.analysis.statements import (
 )
 from graphify.analysis.tree import children
 from graphify.analysis.values import OPTIMIZER, SCALER, Env
+from graphify.model import Rule
+from graphify.rewrite import dataflow
 from graphify.rewrite.names import fresh_name
+from graphify.rules.rewrite_safety import HOST_BRANCH_IN_STEP, LOOP_SHAPE, PER_STEP_HOST_VALUE
 
 # Breakers the rewrite fixes where they stand, inside the captured step.
 FIXED_IN_PLACE = {"GFY401", "GFY251", "GFY422", "GFY501", "GFY411", "GFY412"}
@@ -44,11 +47,19 @@ _EMPTY = cst.Module([])
 
 
 class Refusal(Exception):
+    """Why a loop is not rewritten: a rule code, a message, and where (None: the loop itself)."""
+
+    def __init__(self, rule: Rule, message: str, node: cst.CSTNode | None = None) -> None:
+        super().__init__(message)
+        self.rule, self.node = rule, node
+
     @property
     def reason(self) -> str:
-        """The rule code behind the refusal when there is one, else the explanation."""
-        text = str(self)
-        return text.split(" ", 1)[0] if text.startswith("GFY") else text
+        return self.rule.code
+
+
+def _refuse(rule: Rule, node: cst.CSTNode | None, message: str) -> None:
+    raise Refusal(rule, message, node)
 
 
 @dataclass
@@ -86,7 +97,7 @@ def make_plan(analysis: LoopAnalysis, enclosing: cst.CSTNode) -> Plan:
     """`enclosing` is the function (or module) that holds the loop."""
     loop = analysis.loop
     if loop.node.orelse is not None:
-        raise Refusal("loops with an `else:` clause are not rewritten")
+        raise Refusal(LOOP_SHAPE, "loops with an `else:` clause are not rewritten")
     body = body_of(loop)
     env = loop.region.body_block.env
     step_calls, model_calls = _calls_into_step(loop)
@@ -99,15 +110,33 @@ def make_plan(analysis: LoopAnalysis, enclosing: cst.CSTNode) -> Plan:
         anchors = [i for i, s in enumerate(body) if holds(s, is_step_op, step_calls)]
     else:
         anchors = [i for i, s in enumerate(body) if holds(s, is_model_call, model_calls)]
-    starts = [i for i, s in enumerate(body) if holds(s, is_model_call, model_calls | step_calls)]
+    # a periodic branch before the step (evaluation every N steps) runs eagerly between replays
+    starts = [i for i, s in enumerate(body) if holds(s, is_model_call, model_calls | step_calls)
+              and (i in anchors or loop.kind != "train" or not _is_periodic_branch(s, env, step_calls))]
     if not anchors or not starts:
-        raise Refusal("the step is not in the loop body")
+        raise Refusal(LOOP_SHAPE, "the step is not in the loop body")
     plan = Plan(loop, loop.kind, first=min(starts[0], anchors[0]), last=anchors[-1])
     _split_step(plan, body, env)
     _pull_in_zero_grad(plan, body, env)
+    dataflow.check_captured_code(plan, body, _refuse)
     _check_breakers(plan, analysis, body)
     _find_inputs_outputs(plan, body, env, enclosing)
+    dataflow.check_loop_mutations(plan, body, _refuse)
+    for i in sorted(plan.after):
+        dataflow.check_moved_statement(plan, body, i, _refuse)
     return plan
+
+
+def rebound_in_loop(loop: Loop) -> set[str]:
+    """Names bound anywhere in the outermost loop (of the same function) around the step's loop:
+    the step function is defined before it, so each of them may differ from one step to the next."""
+    outer = loop.node
+    for a in reversed(loop.ancestors):
+        if isinstance(a, (cst.FunctionDef, cst.ClassDef)):
+            break
+        if isinstance(a, (cst.For, cst.While)):
+            outer = a
+    return names_written(outer)
 
 
 def _calls_into_step(loop: Loop) -> tuple[set[int], set[int]]:
@@ -133,11 +162,12 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
     for i in span:
         if any(_is_scaler_call(n, env) for n in walk(body[i])):
             if not any(isinstance(n, cst.Call) and is_backward(n, env) for j in span if j < i for n in walk(body[j])):
-                raise Refusal("GradScaler step comes before the backward pass")
+                raise Refusal(LOOP_SHAPE, "GradScaler step comes before the backward pass", body[i])
             plan.tail = [j for j in span if j >= i]
             span = [j for j in span if j < i]
             break
     graph_writes: set[str] = set()
+    rebound = rebound_in_loop(plan.loop)
     for pos, i in enumerate(span):
         stmt = body[i]
         _hoist_host_reads(plan, i, stmt, env)
@@ -158,8 +188,10 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
                 _plan_keyed_if(plan, i, stmt, env)
             continue
         if writes & later_reads:
-            if _has_side_effects(stmt):
-                raise Refusal(f"line {_line(plan, stmt)}: host statement feeds the step and has side effects")
+            varying = {n for n in (names_read(stmt) & rebound) - graph_writes if not _is_shape_value(n, body)}
+            if _has_side_effects(stmt) or varying:
+                why = f"reads `{sorted(varying)[0]}`, which changes between steps" if varying else "calls code with possible side effects"
+                raise Refusal(PER_STEP_HOST_VALUE, f"a host statement the step needs {why}; capture would run it once", stmt)
             plan.graph.append(i)  # a host value the step needs (a shape, a constant): computed once at capture
             graph_writes |= writes
         elif names_read(stmt) & graph_writes or not _sets_lr(stmt):
@@ -168,7 +200,7 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
             plan.before.append(i)
     if not any(isinstance(n, cst.Call) and (is_step_op(n, env) or is_model_call(n, env) or id(n) in env.gpu_calls)
                for i in plan.graph for n in walk(body[i])):
-        raise Refusal("nothing left to capture")
+        raise Refusal(LOOP_SHAPE, "nothing left to capture")
     for i in plan.graph:
         for n in walk(body[i]):
             if isinstance(n, cst.WithItem) and _is_autocast(n, env):
@@ -183,10 +215,8 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
             continue
         if not any(contains(s, _body_node_of(plan, node)) for s in graph_nodes):
             continue
-        optimizer = _in_loop_scope(plan, m[0], site.block)
-        if optimizer is None:
-            raise Refusal(f"line {_line(plan, node)}: cannot tell which optimizer the step uses")
-        if not any(_same(optimizer, o) for o in plan.optimizers):
+        optimizer = _in_loop_scope(plan, m[0], site.block)  # the runtime finds the optimizers itself
+        if optimizer is not None and not any(_same(optimizer, o) for o in plan.optimizers):
             plan.optimizers.append(optimizer)
 
 
@@ -248,12 +278,20 @@ def _hoist_host_reads(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env)
     plan.hoisted_reads.update(id(call) for call, _ in reads)
 
 
+def _is_periodic_branch(stmt: cst.BaseStatement, env: Env, step_calls: set[int]) -> bool:
+    """`if step % k == 0:` holding evaluation (model calls, no backward or optimizer step)."""
+    return isinstance(stmt, cst.If) and env._tensor(stmt.test, 0) is not True and not any(
+        isinstance(n, cst.Call) and (is_step_op(n, env) or is_backward(n, env) or id(n) in step_calls) for n in walk(stmt))
+
+
 def _is_side_computation(stmt: cst.BaseStatement, env: Env) -> bool:
-    """A plain (re)binding of names that neither runs the model nor steps, e.g. a metric accumulator."""
+    """A plain (re)binding of names that neither runs the model nor steps, e.g. a metric accumulator,
+    or the next batch fetched while the step runs (`X, Y = get_batch("train")`)."""
     if not isinstance(stmt, cst.SimpleStatementLine) or not all(isinstance(s, (cst.Assign, cst.AugAssign)) for s in stmt.body):
         return False
     targets = [t.target for s in stmt.body for t in (s.targets if isinstance(s, cst.Assign) else [s])]
     targets = [t.target if isinstance(t, cst.AssignTarget) else t for t in targets]
+    targets = [e.value for t in targets for e in (t.elements if isinstance(t, (cst.Tuple, cst.List)) else [cst.Element(t)])]
     if not all(isinstance(t, cst.Name) for t in targets):
         return False
     return not any(
@@ -271,9 +309,9 @@ def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env) -> None:
     if env._tensor(stmt.test, 0) is True:
         return
     if stmt.orelse is not None:
-        raise Refusal(f"line {_line(plan, stmt)}: a host branch with `else` inside the step")
+        raise Refusal(HOST_BRANCH_IN_STEP, "a host branch with `else` inside the step", stmt)
     if not isinstance(stmt.body, cst.IndentedBlock):
-        raise Refusal(f"line {_line(plan, stmt)}: one-line host branch inside the step")
+        raise Refusal(HOST_BRANCH_IN_STEP, "a one-line host branch inside the step", stmt)
     plan.keys.append(index)
     host = [k for k, s in enumerate(stmt.body.body) if not does_gpu_work(s, env)]
     if host:
@@ -323,30 +361,35 @@ def _line(plan: Plan, node: cst.CSTNode) -> int:
 
 def _check_breakers(plan: Plan, analysis: LoopAnalysis, body: list[cst.BaseStatement]) -> None:
     captured = [body[i] for i in plan.graph]
-    for f in analysis.findings:
-        if f.rule.code in FIXED_IN_PLACE or id(f.node) in plan.hoisted_reads:
+    for f in analysis.all_findings:
+        if (f.rule.code in FIXED_IN_PLACE and removable(f)) or id(f.node) in plan.hoisted_reads:
             continue
-        if f.rule.code == "GFY301" and any(contains(body[i], _body_node_of(plan, f.node)) for i in plan.graph):
+        anchor = _body_node_of(plan, f.node)
+        if not removable(f):
+            # a breaker in a statement that stays outside the step runs eagerly, where it stands; the
+            # fixed-in-place rules and dynamic shapes describe the captured step wherever they are reported
+            if f.rule.code not in FIXED_IN_PLACE and f.rule.category != "dynamic-shape" and any(contains(s, anchor) for s in body) \
+                    and not any(contains(s, anchor) for s in captured):
+                continue
+            raise Refusal(f.rule, f.message, f.node)
+        if f.rule.code == "GFY301" and any(contains(body[i], anchor) for i in plan.graph):
             # An input copied inside the step: CapturedStep moves host inputs to `device` first,
             # which turns the copy into a no-op.
             device = _device_in_loop_scope(plan, f.node)
             if device is None:
-                raise Refusal(f"GFY301 at line {f.module.position(f.node).start.line}: cannot tell which device inputs go to")
+                raise Refusal(f.rule, "cannot tell which device inputs go to", f.node)
             plan.device = plan.device or device
             continue
-        if not removable(f):
-            raise Refusal(f"{f.rule.code} at line {f.module.position(f.node).start.line}")
-        anchor = _body_node_of(plan, f.node)
         in_graph = [s for s in captured if contains(s, anchor)]
         if not in_graph:
             continue
         if anchor is not f.node:
-            raise Refusal(f"{f.rule.code} at line {f.module.position(f.node).start.line} is inside a function the step calls")
+            raise Refusal(f.rule, f"{f.message} (inside a function the step calls)", f.node)
         stmt = in_graph[0]
         index = body.index(stmt)
         moved = plan.split_ifs.get(index, [])
         if not any(contains(stmt.body.body[k], f.node) for k in moved) if index in plan.split_ifs else True:
-            raise Refusal(f"{f.rule.code} at line {f.module.position(f.node).start.line} would stay inside the captured step")
+            raise Refusal(f.rule, f"{f.message} (would stay inside the captured step)", f.node)
 
 
 def _body_node_of(plan: Plan, node: cst.CSTNode) -> cst.CSTNode:
@@ -400,13 +443,10 @@ def _find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, en
         kept = [s for k, s in enumerate(stmt.body.body) if k not in host]
         written -= set().union(*(names_written(s) for s in (stmt.body.body[k] for k in host)))
         written |= set().union(*(names_written(s) for s in kept))
-    per_iteration = set()
+    per_iteration = rebound_in_loop(plan.loop) - set().union(*(names_written(s) for s in graph_stmts)) if graph_stmts else set()
+    per_iteration |= set().union(*(names_written(body[i]) for i in range(len(body)) if i not in plan.graph))
     if isinstance(plan.loop.node, cst.For):
         per_iteration |= names_written(cst.Assign([cst.AssignTarget(plan.loop.node.target)], cst.Name("_")))
-    for i in range(plan.first):
-        per_iteration |= names_written(body[i])
-    for i in plan.before:
-        per_iteration |= names_written(body[i])
     outside = _names_read_outside(enclosing, {id(body[i]) for i in plan.graph})
     outside |= set().union(*(names_read(host) for _, host in plan.hoisted.values()))
     defined_outside = _names_written_outside(enclosing, {id(body[i]) for i in plan.graph}) | per_iteration
@@ -418,9 +458,9 @@ def _find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, en
     inputs = []
     for name in sorted(read_first):
         if name in per_iteration or (name in written and name in defined_outside):
-            if env.is_host(cst.Name(name)) and not _is_shape_value(name, body):
+            if dataflow.is_host_expression(cst.Name(name), env) and not _is_shape_value(name, body):
                 if not _only_in_keys(name, plan, body):
-                    raise Refusal(f"the step reads per-step host value `{name}`, which capture would freeze")
+                    raise Refusal(PER_STEP_HOST_VALUE, f"the step reads `{name}`, a host value that changes between steps; capture would freeze it")
                 continue
             inputs.append(name)
     plan.inputs = _in_source_order(inputs, graph_stmts)
@@ -564,26 +604,26 @@ def make_partial_plan(analysis: LoopAnalysis) -> PartialPlan:
     cannot be captured for one of PARTIAL_OK's reasons."""
     loop = analysis.loop
     if loop.kind != "train" or loop.node.orelse is not None:
-        raise Refusal("partial capture is for training loops")
+        raise Refusal(LOOP_SHAPE, "partial capture is for training loops")
     body = body_of(loop)
     env = loop.region.body_block.env
     calls = [n for s in body for n in walk(s) if isinstance(n, cst.Call)]
     model_calls = [c for c in calls if is_model_call(c, env)]
     if len(model_calls) != 1 or not isinstance(model_calls[0].func, cst.Name):
-        raise Refusal("partial capture needs exactly one call of the model, by name, in the loop body")
+        raise Refusal(LOOP_SHAPE, "partial capture needs exactly one call of the model, by name, in the loop body")
     call = model_calls[0]
     if not call.args or any(a.keyword is not None or a.star for a in call.args):
-        raise Refusal("partial capture needs the model called with positional tensors only")
+        raise Refusal(LOOP_SHAPE, "partial capture needs the model called with positional tensors only")
     if not any(isinstance(s, cst.SimpleStatementLine) and any(n is call for n in walk(s)) for s in body):
-        raise Refusal("partial capture needs the model call at the top level of the loop body")
+        raise Refusal(LOOP_SHAPE, "partial capture needs the model call at the top level of the loop body")
     if not any(is_backward(c, env) for c in calls):
-        raise Refusal("partial capture needs the backward pass in the loop body")
+        raise Refusal(LOOP_SHAPE, "partial capture needs the backward pass in the loop body")
     zero_grads = [c for c in calls if _is_zero_grad(c)]
     if not zero_grads or any(_keeps_grads(c) for c in zero_grads):
         # a replayed backward hands autograd the graph's gradient buffers: they must not be added to
-        raise Refusal("partial capture needs `zero_grad()` (set_to_none) in every step")
+        raise Refusal(LOOP_SHAPE, "partial capture needs `zero_grad()` (set_to_none) in every step")
     if any(isinstance(n, cst.WithItem) and _is_autocast(n, env) for s in body for n in walk(s)):
-        raise Refusal("partial capture under autocast is not supported")
+        raise Refusal(LOOP_SHAPE, "partial capture under autocast is not supported")
     return PartialPlan(loop, call, call.func.value, list(analysis.reasons))
 
 

@@ -20,6 +20,7 @@ CATEGORIES = (
     "logging-io",
     "rng",
     "distributed",
+    "rewrite-safety",
 )
 
 
@@ -40,11 +41,12 @@ def families():
         host_sync,
         logging_io,
         optimizers,
+        rewrite_safety,
         rng,
         shapes,
     )
 
-    return (host_sync, branches, allocation, devices, shapes, optimizers, amp, host_branch, logging_io, rng, distributed)
+    return (host_sync, branches, allocation, devices, shapes, optimizers, amp, host_branch, logging_io, rng, distributed, rewrite_safety)
 
 
 def all_rules() -> list[Rule]:

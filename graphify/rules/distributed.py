@@ -8,7 +8,7 @@ from graphify.rules import rule
 
 COLLECTIVE = rule("GFY611", "collective-in-step", "distributed", "error", "`torch.distributed` collectives and barriers need NCCL capture setup", False)
 NO_SYNC = rule("GFY612", "ddp-no-sync", "distributed", "error", "DDP `no_sync()` switches gradient sync per step on the host", False)
-DDP_MODEL = rule("GFY613", "ddp-model-in-step", "distributed", "error", "a DistributedDataParallel model needs side-stream construction and 11 warmup steps", False)
+DDP_MODEL = rule("GFY613", "ddp-model-in-step", "distributed", "error", "a DistributedDataParallel model needs side-stream construction and 11 warmup steps", True)
 
 RULES = (COLLECTIVE, NO_SYNC, DDP_MODEL)
 

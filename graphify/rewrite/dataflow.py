@@ -1,0 +1,255 @@
+"""The dataflow rule for what may enter a captured step (docs/heuristics.md, "What the captured step
+may read").
+
+Capture runs the step's Python once; replays rerun only its GPU work. So every value the captured
+statements read must be a static input (a tensor re-bound each step and copied in before replay),
+device state that lives across steps (parameters, buffers, optimizer state), or constant for the
+whole loop. Python values that change between steps, calls with host side effects, and attributes
+or modes changed in the loop would be frozen at capture: the loop is refused with a GFY7xx code.
+Statements moved out of the step keep their order with respect to everything they may affect.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from graphify.analysis.checker import is_logging_call
+from graphify.analysis.discovery import Site
+from graphify.analysis.names import dotted
+from graphify.analysis.statements import is_host_read_call, names_read, walk
+from graphify.rules.rewrite_safety import HOST_SIDE_EFFECT, MUTATED_STATE, ORDER
+
+# Calls whose effect lives on the host: capture runs them once, replays never.
+_IMPURE_PREFIXES = ("random.", "numpy.random.", "time.", "os.", "sys.", "datetime.", "secrets.", "uuid.", "pickle.", "json.", "shutil.")
+_IMPURE_BUILTINS = {"next", "input", "open", "exec", "eval", "setattr", "delattr", "breakpoint", "iter"}
+_MODE_METHODS = {"train", "eval", "requires_grad_", "register_forward_hook", "register_forward_pre_hook",
+                 "register_full_backward_hook", "register_backward_hook", "apply"}
+# Calls that only read host values: moving them out of the step does not change what the step computes.
+_PURE_BUILTINS = {"len", "min", "max", "abs", "round", "float", "int", "str", "bool", "format", "repr", "isinstance",
+                  "sum", "range", "enumerate", "zip", "list", "tuple", "dict", "sorted", "print"}
+# Methods that return a new value and change nothing, whatever their receiver (tensors, arrays).
+_PURE_METHODS = {"astype", "pin_memory", "to", "cuda", "cpu", "float", "half", "bfloat16", "long", "int", "bool", "view",
+                 "reshape", "contiguous", "clone", "detach", "numpy", "tolist", "item", "split", "chunk", "unsqueeze",
+                 "squeeze", "permute", "transpose", "flatten", "copy", "get", "keys", "values", "items", "format"}
+_COLLECTING = {"append", "extend", "add", "update", "setdefault"}
+
+
+def captured_nodes(plan, body):
+    """(node, site) for every node the captured statements run, called functions included."""
+    region = plan.loop.region
+    graph_ids = {id(n) for i in plan.graph for n in walk(body[i])}
+    here = Site(region.body_block, ())
+    for i in plan.graph:
+        stmt = plan.hoisted[i][0] if i in plan.hoisted else body[i]
+        kept_out = {id(body[i].body.body[k]) for k in plan.split_ifs.get(i, [])}
+        for n in _walk_except(stmt, kept_out):
+            yield n, here
+    for node, site in region.nodes:
+        if site.block is not region.body_block:
+            call = region.body_call_of(site)
+            if call is not None and id(call) in graph_ids:
+                yield node, site
+
+
+def _walk_except(root, skipped: set[int]):
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if id(n) in skipped:
+            continue
+        yield n
+        if not isinstance(n, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) or n is root:
+            stack.extend(reversed(list(n.children)))
+
+
+def check_captured_code(plan, body, refuse) -> None:
+    """Host side effects and state changes inside the captured step."""
+    for node, site in captured_nodes(plan, body):
+        env = site.env
+        if isinstance(node, cst.Call):
+            qual = env.qualify(node.func) or dotted(node.func) or ""
+            if qual in _IMPURE_BUILTINS or qual.startswith(_IMPURE_PREFIXES):
+                refuse(HOST_SIDE_EFFECT, node, f"the step calls `{qual}`, a host side effect that capture would run only once")
+            method = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
+            if method in _MODE_METHODS and not _is_torch_namespace(node.func, env):
+                refuse(MUTATED_STATE, node, f"the step calls `.{method}()`, which changes module state that replays would not")
+        elif isinstance(node, (cst.Global, cst.Nonlocal)):
+            refuse(MUTATED_STATE, node, "the step rebinds a variable outside its own scope (`global`/`nonlocal`)")
+        elif isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+            for t in _attribute_targets(node):
+                refuse(MUTATED_STATE, node, f"the step assigns `{dotted(t) or 'an attribute'}`, a host state change replays would not make")
+
+
+def _is_torch_namespace(func: cst.BaseExpression, env) -> bool:
+    return (env.qualify(func) or "").startswith("torch.")
+
+
+def _target_parts(target):
+    if isinstance(target, (cst.Tuple, cst.List)):
+        for el in target.elements:
+            yield from _target_parts(el.value)
+    elif isinstance(target, cst.StarredElement):
+        yield from _target_parts(target.value)
+    else:
+        yield target
+
+
+def _attribute_targets(node):
+    targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+    return [t for target in targets for t in _target_parts(target) if isinstance(t, cst.Attribute)]
+
+
+def check_loop_mutations(plan, body, refuse) -> None:
+    """An attribute assigned in the loop outside the step must not reach the step: neither read by it
+    (`self.global_step`), nor under an object it hands to code graphify does not see (`model.drop.p =
+    ...` while the step calls `model(x)`)."""
+    region = plan.loop.region
+    graph_ids = {id(n) for i in plan.graph for n in walk(body[i])}
+    kept_out = {id(n) for i, ks in plan.split_ifs.items() for k in ks for n in walk(body[i].body.body[k])}
+    assigned = []  # (chain in the loop's scope, node)
+    for node, site in region.nodes:
+        anchor = node if site.block is region.body_block else region.body_call_of(site)
+        if anchor is None or (id(anchor) in graph_ids and id(anchor) not in kept_out):
+            continue
+        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+            assigned += [(_in_loop_scope(dotted(t), site, region), node) for t in _attribute_targets(node)]
+    if not assigned:
+        return
+    followed = {id(b.call) for b in region.blocks if b.call is not None}
+    handed, read = [], []
+    for node, site in captured_nodes(plan, body):
+        if isinstance(node, cst.Call) and id(node) not in followed:
+            exprs = [node.func, *(a.value for a in node.args)]
+            if isinstance(node.func, cst.Attribute):
+                exprs.append(node.func.value)
+            handed += [_in_loop_scope(dotted(e), site, region) for e in exprs]
+        elif isinstance(node, cst.Attribute):
+            read.append(_in_loop_scope(dotted(node), site, region))
+    for chain, node in assigned:
+        if chain is None:
+            refuse(MUTATED_STATE, node, "an attribute is assigned in the loop on an object the analysis cannot follow")
+        for name in read:
+            if name is not None and (name == chain or name.startswith(chain + ".")):
+                refuse(MUTATED_STATE, node, f"`{chain}` is assigned in the loop and read by the step; capture would freeze it")
+        for name in handed:
+            if name is not None and name != "self" and chain.startswith(name + "."):
+                refuse(MUTATED_STATE, node, f"`{chain}` is assigned in the loop and the step hands `{name}` to code that may read it")
+
+
+def _in_loop_scope(chain: str | None, site, region) -> str | None:
+    """An attribute chain of a called function, spelled in the loop's scope (parameters traced to their
+    call-site argument, `self` to the receiver of the call); None when it cannot be."""
+    block = site.block
+    while chain is not None and block is not region.body_block:
+        root, _, rest = chain.partition(".")
+        call = block.call
+        if root in block.env.bound:
+            arg = dotted(block.env.bound[root][1])
+        elif root == "self" and call is not None:
+            # `obj.method()` binds self to obj; `model(x)` (a forward) binds it to model
+            arg = dotted(call.func.value) if isinstance(call.func, cst.Attribute) and block.func.node is not None \
+                and block.func.node.name.value != "forward" else dotted(call.func)
+        else:
+            return None
+        chain = f"{arg}.{rest}" if arg and rest else arg
+        block = block.parent
+    return chain
+
+
+def check_moved_statement(plan, body, index: int, refuse) -> None:
+    """A statement moved out of the step while captured statements follow it (it now runs after them)
+    must not affect them nor be affected by them: host reads, logging, collecting into lists the step
+    does not read, tensor work on the host's random generator, and analysed functions made of those."""
+    if not any(i > index for i in plan.graph):
+        return
+    region = plan.loop.region
+    later = set().union(*(names_read(body[i]) for i in plan.graph if i > index))
+    followed = {id(b.call) for b in region.blocks if b.call is not None}
+    inside = {id(n) for n in walk(body[index])}
+    here = Site(region.body_block, ())
+    nodes = [(n, here) for n in walk(body[index])]
+    nodes += [(n, site) for n, site in region.nodes
+              if site.block is not region.body_block and id(region.body_call_of(site)) in inside]
+    for n, site in nodes:
+        why = _moved_effect(n, site.env, later, followed)
+        if why:
+            refuse(ORDER, body[index], f"{why}; it sits between captured statements and cannot run after the whole step")
+
+
+def _moved_effect(n, env, later: set[str], followed: set[int]) -> str | None:
+    if isinstance(n, (cst.Global, cst.Nonlocal)):
+        return "it rebinds a variable outside its scope"
+    if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and _attribute_targets(n):
+        return "it assigns an attribute"
+    if not isinstance(n, cst.Call) or id(n) in followed or is_host_read_call(n, env) or is_logging_call(n, env):
+        return None
+    code = cst.Module([]).code_for_node(n.func)
+    if isinstance(n.func, cst.Name) and n.func.value in _PURE_BUILTINS:
+        return None
+    qual = env.qualify(n.func) or ""
+    if qual.split(".")[-1] in _DEVICE_RANDOM or (qual.startswith("torch.") and qual.split(".")[-1] in _RANDOM and _on_device(n)):
+        return f"`{code}` draws from the device's random generator, whose order the step shares"
+    if qual.startswith("torch.") or (qual.startswith("numpy.") and not qual.startswith("numpy.random.")):
+        return None
+    if isinstance(n.func, cst.Attribute):
+        method, root = n.func.attr.value, (dotted(n.func.value) or "").split(".")[0]
+        if method in _COLLECTING and root and root not in later:
+            return None
+        if method in _PURE_METHODS or (env.is_tensor(n.func.value) and not method.endswith("_")):
+            return None
+    return f"`{code}(...)` may change state the step uses"
+
+
+_RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson"}
+_DEVICE_RANDOM = {"rand_like", "randn_like", "randint_like", "dropout", "uniform_", "normal_", "bernoulli_"}
+
+
+def _on_device(call: cst.Call) -> bool:
+    return any(a.keyword is not None and a.keyword.value in ("device", "generator") for a in call.args)
+
+
+_HOST_FUNCTIONS = {"min", "max", "float", "int", "abs", "round", "len", "bool", "sum", "pow"}
+
+
+def is_host_expression(expr: cst.BaseExpression, env, seen: frozenset = frozenset()) -> bool:
+    """Whether an expression is known to hold a Python number or flag (never a tensor): literals,
+    host names, counters (`step += 1`), and arithmetic or `min`/`max`/`math.*` over those."""
+    if len(seen) > 8:
+        return False
+    verdict = env._tensor(expr, 0)
+    if verdict is not None:
+        return verdict is False
+    if isinstance(expr, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(expr, cst.Name):
+        if expr.value in seen:
+            return True  # `step = step + 1`: a counter is as host as what it starts from
+        inner = seen | {expr.value}
+        values = env.values_of(expr.value)
+        sources = [is_host_expression(v, env, inner) for v in values]
+        if expr.value in env.bound:
+            caller_env, arg = env.bound[expr.value]
+            sources.append(is_host_expression(arg, caller_env, inner))
+        elif not values and _default(env, expr.value) is not None:
+            sources.append(is_host_expression(_default(env, expr.value), env, inner))
+        return bool(sources) and all(sources)
+    if isinstance(expr, cst.BinaryOperation):
+        return is_host_expression(expr.left, env, seen) and is_host_expression(expr.right, env, seen)
+    if isinstance(expr, cst.UnaryOperation):
+        return is_host_expression(expr.expression, env, seen)
+    if isinstance(expr, cst.Call):
+        qual = env.qualify(expr.func) or ""
+        if qual in _HOST_FUNCTIONS or qual.startswith("math."):
+            return all(is_host_expression(a.value, env, seen) for a in expr.args)
+    return False
+
+
+def _default(env, name: str) -> cst.BaseExpression | None:
+    """The default value of a parameter of the function the environment belongs to."""
+    func = getattr(env.func, "node", None)
+    if not isinstance(func, cst.FunctionDef):
+        return None
+    for param in (*func.params.params, *func.params.kwonly_params):
+        if param.name.value == name:
+            return param.default
+    return None

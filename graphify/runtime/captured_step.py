@@ -1,0 +1,227 @@
+"""CapturedStep: a whole training or inference step, warmed up, captured and replayed."""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import torch
+
+from graphify.runtime.common import WARMUP, GraphifyFallbackWarning, copy_outputs, first_line, leaves, side_stream, split, tree_map
+
+MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes every step and the step stays eager
+from graphify.runtime.reach import bindings, referenced, same, why_not_capturable
+
+
+class _Captures:
+    """Everything captured for one step function: kept across re-entries of its loop."""
+
+    def __init__(self, bindings):
+        self.bindings = bindings
+        self.inspected = False
+        self.disabled: str | None = None  # why the step runs eagerly for good
+        self.side_stream_used = False
+        self.optimizers: list = []
+        self.modules: list = []  # top-level modules: their train/eval modes are part of each graph's key
+        self.graphs: dict = {}  # key -> (graph, static input tensors, static outputs)
+        self.eager_runs: dict = {}
+        self.pool = None
+        self.lr_tensors: list = []  # [param group, device tensor, float it holds]
+        self.frozen: list = []  # (param group, name, value at capture) the graph cannot follow
+
+
+_registry: dict = {}  # step code object -> _Captures of its latest bindings
+
+
+class CapturedStep:
+    """Runs one training (or inference) step from a CUDA graph.
+
+    For each key (host branch outcomes such as "the optimizer steps this time", the modules' modes,
+    whether grad is enabled) the first `warmup` calls on CUDA run eagerly on a side stream; the next
+    call copies its inputs into static buffers, captures the step and replays it; later calls copy
+    their inputs in and replay. Inputs of another shape, dtype or device, calls off CUDA, and calls
+    after a setting the graph froze has changed (a float learning rate on an optimizer that cannot
+    read a tensor one, betas or momentum moved by a scheduler) run the step eagerly. A replay
+    returns the graph's static outputs, which the next replay overwrites: `copy_outputs` keeps them.
+    """
+
+    def __init__(self, step, device=None, warmup: int = WARMUP):
+        self.step = step
+        self.device = torch.device(device) if device is not None else None
+        self.warmup = warmup
+        bound = bindings(step)
+        state = _registry.get(step.__code__)
+        if state is None or not same(state.bindings, bound):
+            state = _registry[step.__code__] = _Captures(bound)
+        self.state = state
+
+    copy = staticmethod(copy_outputs)
+
+    def __call__(self, *inputs, key=()):
+        state = self.state
+        if self.device is not None and self.device.type == "cuda":
+            inputs = tree_map(lambda t: t.to(self.device, non_blocking=True), inputs)
+        tensors, host = split(inputs)
+        if not self._on_cuda(tensors):
+            return self.step(*inputs)
+        if not state.inspected:
+            self._inspect()
+        if state.disabled is not None:
+            return self._eager(tensors, inputs) if state.side_stream_used else self.step(*inputs)
+        key = (key, host, torch.is_grad_enabled(), tuple(m.training for m in state.modules))
+        captured = state.graphs.get(key)
+        if captured is not None:
+            graph, static_tensors, static_outputs = captured
+            if self._fits(static_tensors, tensors) and self._settings_unchanged():
+                for static, new in zip(static_tensors, tensors):
+                    static.copy_(new, non_blocking=True)
+                for entry in state.lr_tensors:
+                    group, lr, value = entry
+                    if group["lr"] != value:  # the scheduler moved it: one small fill, outside the graph
+                        lr.fill_(group["lr"])
+                        entry[2] = group["lr"]
+                graph.replay()
+                return static_outputs
+            return self._eager(tensors, inputs)
+        runs = state.eager_runs.get(key, 0)
+        if runs == 0 and len(state.eager_runs) >= MAX_KEYS:
+            state.disabled = f"its host inputs or branch keys took more than {MAX_KEYS} values (a Python value that changes every step?)"
+            self._warn(state.disabled)
+            return self._eager(tensors, inputs)
+        if runs < self.warmup:
+            state.eager_runs[key] = runs + 1
+            return self._eager(tensors, inputs)
+        return self._capture(key, tensors, inputs)
+
+    # ---- first calls ----------------------------------------------------------------------------
+
+    def _inspect(self) -> None:
+        state = self.state
+        state.inspected = True
+        objects = referenced(self.step)
+        state.optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
+        state.modules = [o for o in objects if isinstance(o, torch.nn.Module)]
+        state.disabled = why_not_capturable(objects, state.optimizers)
+        if state.disabled is not None:
+            self._warn(state.disabled)
+            return
+        for optimizer in state.optimizers:
+            for group in optimizer.param_groups:
+                if group.get("capturable") is False:
+                    group["capturable"] = True
+                    for p in group["params"]:
+                        step = optimizer.state.get(p, {}).get("step")
+                        if torch.is_tensor(step) and step.device != p.device:
+                            optimizer.state[p]["step"] = step.to(p.device, torch.float32)
+
+    def _eager(self, tensors, inputs):
+        """An eager step on the side stream (as warmup must be, and so that autograd keeps one stream)."""
+        device = tensors[0].device if tensors else self._param_device()
+        self.state.side_stream_used = True
+        stream = side_stream(device)
+        stream.wait_stream(torch.cuda.current_stream())
+        cache = torch.is_autocast_cache_enabled()
+        torch.set_autocast_cache_enabled(False)  # cached casts would outlive a capture; values are the same
+        try:
+            with torch.cuda.stream(stream):
+                return self.step(*inputs)
+        finally:
+            torch.set_autocast_cache_enabled(cache)
+            torch.cuda.current_stream().wait_stream(stream)
+
+    def _capture(self, key, tensors, inputs):
+        state = self.state
+        device = tensors[0].device if tensors else self._param_device()
+        static_inputs = tree_map(torch.Tensor.clone, inputs)
+        saved = self._save_host_state()
+        swapped = self._use_tensor_lrs()
+        graph = torch.cuda.CUDAGraph()
+        cache = torch.is_autocast_cache_enabled()
+        torch.set_autocast_cache_enabled(False)
+        try:
+            with torch.cuda.graph(graph, pool=state.pool, stream=side_stream(device), capture_error_mode="thread_local"):
+                static_outputs = self.step(*static_inputs)
+        except Exception as exc:  # noqa: BLE001 - any failure of capture leaves the run eager, never stopped
+            for group, lr in swapped:
+                group["lr"] = lr
+            state.lr_tensors.clear()
+            state.frozen.clear()
+            self._restore_host_state(saved)
+            state.disabled = f"capture failed ({type(exc).__name__}: {first_line(exc)})"
+            self._warn(state.disabled)
+            failed = True
+        else:
+            failed = False
+        finally:
+            torch.set_autocast_cache_enabled(cache)
+        if failed:
+            return self._eager(tensors, inputs)
+        for group, lr in swapped:
+            group["lr"] = lr
+        state.pool = graph.pool()
+        state.graphs[key] = (graph, leaves(static_inputs), static_outputs)
+        graph.replay()  # capture records the step without running it: this replay trains on the batch
+        return static_outputs
+
+    def _save_host_state(self):
+        """What a failed capture may have touched on the host: RNG states and gradient references."""
+        grads = [(p, p.grad) for o in self.state.optimizers for g in o.param_groups for p in g["params"]]
+        return torch.get_rng_state(), torch.cuda.get_rng_state(), random.getstate(), grads
+
+    @staticmethod
+    def _restore_host_state(saved) -> None:
+        cpu, cuda, py, grads = saved
+        torch.set_rng_state(cpu)
+        torch.cuda.set_rng_state(cuda)
+        random.setstate(py)
+        for p, grad in grads:
+            p.grad = grad
+
+    def _use_tensor_lrs(self):
+        """During capture, optimizers that can read the learning rate from a device tensor do."""
+        state, swapped = self.state, []
+        for optimizer in state.optimizers:
+            for group in optimizer.param_groups:
+                if "capturable" in group and not torch.is_tensor(group["lr"]):
+                    lr = torch.tensor(group["lr"], dtype=torch.float32, device=group["params"][0].device)
+                    state.lr_tensors.append([group, lr, group["lr"]])
+                    swapped.append((group, group["lr"]))
+                    group["lr"] = lr
+                elif not torch.is_tensor(group["lr"]):
+                    state.frozen.append((group, "lr", group["lr"]))
+                # schedulers may move these too (OneCycleLR cycles betas and momentum): the graph froze them
+                state.frozen += [(group, k, group[k]) for k in ("betas", "momentum", "weight_decay") if k in group]
+        return swapped
+
+    def _settings_unchanged(self) -> bool:
+        return all(g[k] is v or g[k] == v for g, k, v in self.state.frozen)
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _on_cuda(self, tensors) -> bool:
+        """CUDA inputs; a step without tensor inputs (it reads buffers of its own) goes by its parameters."""
+        if tensors:
+            return all(t.is_cuda for t in tensors)
+        device = self._param_device()
+        return device is not None and device.type == "cuda"
+
+    def _param_device(self):
+        if not self.state.inspected:
+            objects = referenced(self.step)
+            params = [p for o in objects if isinstance(o, torch.nn.Module) for p in o.parameters()]
+            params += [p for o in objects if isinstance(o, torch.optim.Optimizer) for g in o.param_groups for p in g["params"]]
+        else:
+            params = [p for m in self.state.modules for p in m.parameters()]
+            params += [p for o in self.state.optimizers for g in o.param_groups for p in g["params"]]
+        return params[0].device if params and all(p.is_cuda for p in params) else None
+
+    @staticmethod
+    def _fits(static, new) -> bool:
+        """Same shapes, dtypes and devices: the new inputs can be copied into the static buffers."""
+        return len(static) == len(new) and all(
+            s.shape == n.shape and s.dtype == n.dtype and s.device == n.device for s, n in zip(static, new)
+        )
+
+    def _warn(self, why: str) -> None:
+        name = getattr(self.step, "__qualname__", "step")
+        warnings.warn(f"graphify: `{name}` runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=4)

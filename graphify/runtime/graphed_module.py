@@ -1,0 +1,88 @@
+"""GraphedModule: a model's forward and backward replayed from CUDA graphs, the rest of the step eager."""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+
+import torch
+
+from graphify.runtime.common import WARMUP, GraphifyFallbackWarning, first_line, side_stream
+from graphify.runtime.reach import why_not_capturable
+
+_graphed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its graphed callable state
+
+
+class GraphedModule:
+    """Runs a module's forward and backward from CUDA graphs (torch.cuda.make_graphed_callables) in a
+    training step that cannot be captured whole: the loss, the optimizer and the scheduler stay eager.
+
+    The first `warmup` calls on CUDA run eagerly on a side stream; the next one captures the forward
+    and backward for that call's input shapes, as later calls with the same shapes replay. Other
+    shapes, eval mode, calls without grad and calls off CUDA run eagerly; a failed capture leaves the
+    module eager for good, with one warning. The warmup passes make_graphed_callables runs itself are
+    undone (batch-norm statistics and the CUDA RNG state are restored), so training sees each batch
+    once. A replayed backward hands autograd the graph's own gradient buffers: gradients must be reset
+    with `zero_grad(set_to_none=True)` (the default) before every backward.
+    """
+
+    def __init__(self, module, warmup: int = WARMUP):
+        self.module = module
+        self.warmup = warmup
+        if module not in _graphed:
+            _graphed[module] = {"eager_runs": 0, "graphed": None, "signature": None, "disabled": None}
+        self.state = _graphed[module]
+
+    def __call__(self, *inputs):
+        state = self.state
+        if state["disabled"] is not None or not self._graphable(inputs):
+            return self.module(*inputs)
+        signature = [(t.shape, t.dtype, t.device, t.requires_grad) for t in inputs]
+        if state["graphed"] is None:
+            if state["eager_runs"] < self.warmup:
+                state["eager_runs"] += 1
+                stream = side_stream(inputs[0].device)
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    outputs = self.module(*inputs)
+                torch.cuda.current_stream().wait_stream(stream)
+                return outputs
+            if not self._capture(inputs):
+                return self.module(*inputs)
+            state["signature"] = signature
+        if signature != state["signature"]:
+            return self.module(*inputs)
+        return state["graphed"](*inputs)
+
+    def _graphable(self, inputs) -> bool:
+        return (
+            self.module.training
+            and torch.is_grad_enabled()
+            and bool(inputs)
+            and all(torch.is_tensor(t) and t.is_cuda for t in inputs)
+            and not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in self.module.modules())
+        )
+
+    def _capture(self, inputs) -> bool:
+        buffers = [b.clone() for b in self.module.buffers()]
+        rng = torch.cuda.get_rng_state()
+        why = why_not_capturable([self.module], [])
+        if why is None:
+            # make_graphed_callables swaps the forward of the module it is given: give it a holder
+            holder = torch.nn.Module()
+            holder.module = self.module
+            holder.forward = self.module.__call__
+            samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
+            try:
+                self.state["graphed"] = torch.cuda.make_graphed_callables(holder, samples)
+            except Exception as exc:  # noqa: BLE001 - a failed capture leaves the module eager
+                why = f"capture failed ({type(exc).__name__}: {first_line(exc)})"
+        with torch.no_grad():
+            for buffer, saved in zip(self.module.buffers(), buffers):
+                buffer.copy_(saved)
+        torch.cuda.set_rng_state(rng)
+        if why is not None:
+            self.state["disabled"] = why
+            warnings.warn(f"graphify: the model runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=4)
+            return False
+        return True

@@ -1,0 +1,87 @@
+"""What a step function uses, found from the objects themselves: its closure, the globals its code
+names and their attributes. The runtime decides from these what the source could not tell."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+_SAFE_OPTIMIZERS = {  # torch.optim classes whose step can be captured (the Adam family with capturable=True)
+    "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "ASGD", "RMSprop", "Adadelta", "Rprop", "SGD",
+}
+_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
+
+
+def referenced(fn, depth: int = 3):
+    """Objects a function can reach: its closure, defaults, the globals its code names, and their
+    attributes (plain objects and modules, a few levels deep)."""
+    seen: set[int] = set()
+    found: list = []
+    todo = [(fn, 0)]
+    while todo:
+        obj, level = todo.pop()
+        if id(obj) in seen or level > depth or isinstance(obj, (type, types.ModuleType, str, bytes, int, float, bool)):
+            continue
+        seen.add(id(obj))
+        found.append(obj)
+        if isinstance(obj, types.MethodType):
+            todo += [(obj.__self__, level), (obj.__func__, level)]
+        elif isinstance(obj, types.FunctionType):
+            todo += [(c.cell_contents, level) for c in obj.__closure__ or () if _filled(c)]
+            todo += [(v, level + 1) for v in obj.__defaults__ or ()]
+            todo += [(obj.__globals__[n], level + 1) for n in _code_names(obj.__code__) if n in obj.__globals__]
+        elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
+            todo += [(v, level + 1) for v in obj]
+        elif isinstance(obj, dict) and len(obj) <= 64:
+            todo += [(v, level + 1) for v in obj.values()]
+        elif isinstance(obj, torch.nn.Module):
+            todo += [(v, level + 1) for k, v in vars(obj).items() if not k.startswith("_")]
+        elif hasattr(obj, "__dict__") and not torch.is_tensor(obj) and not isinstance(obj, torch.optim.Optimizer):
+            todo += [(v, level + 1) for v in vars(obj).values()]
+    return found
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _code_names(code) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def bindings(fn) -> tuple:
+    """What a step function's free names refer to: the same objects, the same graphs."""
+    cells = tuple(c.cell_contents if _filled(c) else None for c in fn.__closure__ or ())
+    names = sorted(n for n in _code_names(fn.__code__) if n in fn.__globals__)
+    return cells + tuple(fn.__globals__[n] for n in names)
+
+
+def same(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def why_not_capturable(objects, optimizers) -> str | None:
+    for obj in objects:
+        if isinstance(obj, torch.nn.Module):
+            for m in obj.modules():
+                if type(m).__name__ in _WRAPPERS:
+                    return f"the step runs a {type(m).__name__} model, whose step is not captured yet"
+    for opt in optimizers:
+        name = type(opt).__name__
+        if not type(opt).__module__.startswith("torch.optim") or name not in _SAFE_OPTIMIZERS:
+            return f"the step uses a {name} optimizer, whose step cannot be captured"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "no message"
