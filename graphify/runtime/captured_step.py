@@ -8,9 +8,9 @@ import warnings
 import torch
 
 from graphify.runtime.common import WARMUP, GraphifyFallbackWarning, copy_outputs, first_line, leaves, side_stream, split, tree_map
+from graphify.runtime.reach import bindings, referenced, same, why_not_capturable
 
 MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes every step and the step stays eager
-from graphify.runtime.reach import bindings, referenced, same, why_not_capturable
 
 
 class _Captures:
@@ -30,7 +30,8 @@ class _Captures:
         self.frozen: list = []  # (param group, name, value at capture) the graph cannot follow
 
 
-_registry: dict = {}  # step code object -> _Captures of its latest bindings
+_registry: dict = {}  # step code object -> _Captures of its latest bindings, newest last
+KEPT_PER_STEP = 4  # e.g. one train() function called in turn for a few models
 
 
 class CapturedStep:
@@ -50,9 +51,12 @@ class CapturedStep:
         self.device = torch.device(device) if device is not None else None
         self.warmup = warmup
         bound = bindings(step)
-        state = _registry.get(step.__code__)
-        if state is None or not same(state.bindings, bound):
-            state = _registry[step.__code__] = _Captures(bound)
+        states = _registry.setdefault(step.__code__, [])
+        state = next((s for s in states if same(s.bindings, bound)), None)
+        if state is None:
+            state = _Captures(bound)
+            states.append(state)
+            del states[:-KEPT_PER_STEP]
         self.state = state
 
     copy = staticmethod(copy_outputs)

@@ -1,0 +1,115 @@
+"""graphify.runtime on the CPU: nested inputs and outputs, the re-entry registry, the eager path."""
+
+import collections
+import dataclasses
+import warnings
+
+import torch
+
+from graphify.runtime import CapturedStep, GraphedModule, copy_outputs
+from graphify.runtime.common import split, tree_map
+from graphify.runtime.reach import referenced, why_not_capturable
+
+Pair = collections.namedtuple("Pair", "x y")
+
+
+@dataclasses.dataclass
+class Output:
+    logits: torch.Tensor
+    loss: torch.Tensor
+    note: str = "kept"
+
+
+class MappingOutput(collections.OrderedDict):
+    """Like transformers' ModelOutput: a dict subclass built from keywords."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+
+
+def test_tree_map_keeps_every_container_type():
+    t = torch.ones(2)
+    value = (Pair(t, [t, {"a": t}]), Output(t, t), MappingOutput(loss=t), "host", 3)
+    doubled = tree_map(lambda x: x * 2, value)
+    assert type(doubled[0]) is Pair and isinstance(doubled[0].y, list) and isinstance(doubled[0].y[1], dict)
+    assert type(doubled[1]) is Output and doubled[1].note == "kept"
+    assert type(doubled[2]) is MappingOutput
+    assert doubled[3:] == ("host", 3)
+    assert torch.equal(doubled[1].loss, t * 2) and torch.equal(doubled[0].y[1]["a"], t * 2)
+
+
+def test_copy_outputs_is_a_deep_copy_of_tensors():
+    t = torch.zeros(3)
+    copied = copy_outputs({"loss": t, "parts": (t,)})
+    t.add_(1)
+    assert copied["loss"].sum() == 0 and copied["parts"][0].sum() == 0
+
+
+def test_split_separates_tensors_from_host_values():
+    t = torch.ones(1)
+    tensors, host = split((t, 0.5, Pair(t, 2), {"k": t}))
+    assert len(tensors) == 3 and host == (0.5, 2, "k")
+
+
+def test_the_step_runs_eagerly_off_cuda():
+    calls = []
+
+    def step(x):
+        calls.append(1)
+        return x + 1
+
+    captured = CapturedStep(step)
+    for _ in range(6):
+        assert torch.equal(captured(torch.zeros(2)), torch.ones(2))
+    assert len(calls) == 6 and not captured.state.graphs
+
+
+def _make_epoch_step(model, opt):
+    def train_step(x):
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        return loss
+    return CapturedStep(train_step)
+
+
+def test_a_reentered_loop_finds_its_captures_when_it_uses_the_same_objects():
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    first, second = _make_epoch_step(model, opt), _make_epoch_step(model, opt)
+    assert first.state is second.state  # the second epoch's helper shares the first one's graphs
+    other = _make_epoch_step(torch.nn.Linear(2, 1), opt)
+    assert other.state is not first.state  # another model: captured again
+
+
+def test_what_the_step_uses_is_found_through_closures_and_attributes():
+    class Trainer:
+        def __init__(self):
+            self.policy = torch.nn.Module()
+            self.policy.q_net = torch.nn.Linear(2, 2)
+            self.optimizer = torch.optim.Adam(self.policy.q_net.parameters())
+
+    trainer = Trainer()
+
+    def step():
+        return trainer.policy.q_net(torch.ones(2))
+
+    objects = referenced(step)
+    assert trainer.optimizer in objects and trainer.policy in objects
+    assert why_not_capturable(objects, [trainer.optimizer]) is None
+    lbfgs = torch.optim.LBFGS(trainer.policy.parameters())
+    assert "LBFGS" in why_not_capturable(objects, [lbfgs])
+
+
+def test_a_wrapped_model_is_found():
+    model = torch.nn.DataParallel(torch.nn.Linear(2, 2))
+    assert "DataParallel" in why_not_capturable([model], [])
+
+
+def test_graphed_module_is_eager_off_cuda():
+    model = torch.nn.Linear(2, 2)
+    graphed = GraphedModule(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = graphed(torch.ones(1, 2))
+    assert torch.equal(out, model(torch.ones(1, 2)))

@@ -1,0 +1,135 @@
+"""graphify.runtime on a GPU: a failed capture falls back with state intact, re-entered loops reuse their
+graphs, nested outputs replay, and DDP models run eagerly with one warning."""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+import pytest
+import torch
+
+from graphify.runtime import CapturedStep, GraphifyFallbackWarning
+
+pytestmark = pytest.mark.cuda
+Batch = collections.namedtuple("Batch", "x y")
+
+
+def _setup(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(32, 1)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(16, 8, generator=g).cuda(), torch.randn(16, 1, generator=g).cuda()) for _ in range(12)]
+    return model, opt, batches
+
+
+def _state(model, opt):
+    torch.cuda.synchronize()
+    params = [p.detach().clone() for p in model.parameters()]
+    momenta = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    return params, momenta, torch.cuda.get_rng_state(), torch.get_rng_state()
+
+
+def _run(make_step, steps=12):
+    model, opt, batches = _setup()
+    step = make_step(model, opt)
+    for x, y in batches[:steps]:
+        step(x, y)
+    return _state(model, opt)
+
+
+def _eager_step(model, opt):
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    return train_step
+
+
+def _failing_step(model, opt):
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        if loss.item() > 1e9:  # a host sync: capture fails here
+            return loss
+        opt.step()
+        return loss
+    return CapturedStep(train_step)
+
+
+def test_a_failed_capture_falls_back_with_state_intact():
+    expected = _run(_eager_step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _run(_failing_step)
+    fallbacks = [w for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+    assert len(fallbacks) == 1 and "capture failed" in str(fallbacks[0].message)
+    for a, b in zip(expected[0] + expected[1], got[0] + got[1]):
+        assert torch.equal(a, b)  # the same kernels in the same order: bit for bit
+    assert torch.equal(expected[2], got[2]) and torch.equal(expected[3], got[3])  # RNG states
+
+
+def _epoch(model, opt, batches):
+    def train_step(batch):
+        opt.zero_grad()
+        out = model(batch.x)
+        loss = torch.nn.functional.mse_loss(out, batch.y)
+        loss.backward()
+        opt.step()
+        return {"loss": loss, "parts": (out, loss.detach())}
+    train_step = CapturedStep(train_step)
+    for x, y in batches:
+        out = train_step(Batch(x, y))
+        out = train_step.copy(out)
+    return train_step, out
+
+
+def test_a_reentered_loop_reuses_its_graph_and_outputs_keep_their_structure():
+    model, opt, batches = _setup()
+    captures = []
+    end = torch.cuda.CUDAGraph.capture_end
+    torch.cuda.CUDAGraph.capture_end = lambda self, *a, **k: (captures.append(1), end(self, *a, **k))[1]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GraphifyFallbackWarning)
+            for _ in range(3):
+                step, out = _epoch(model, opt, batches[:6])
+    finally:
+        torch.cuda.CUDAGraph.capture_end = end
+    assert captures == [1]  # epochs 2 and 3 replay epoch 1's graph, without warmup
+    assert sum(step.state.eager_runs.values()) == 3
+    assert set(out) == {"loss", "parts"} and isinstance(out["parts"], tuple)
+    reference, ref_opt, _ = _setup()
+    for _ in range(3):
+        for x, y in batches[:6]:
+            ref_opt.zero_grad()
+            torch.nn.functional.mse_loss(reference(x), y).backward()
+            ref_opt.step()
+    for a, b in zip(reference.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_ddp_model_runs_eagerly_with_one_warning(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        expected = _run(_eager_step)
+        model, opt, batches = _setup()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step = CapturedStep(_eager_step(ddp, opt))
+            for x, y in batches:
+                step(x, y)
+        assert [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)] == [
+            "graphify: `_eager_step.<locals>.train_step` runs eagerly: the step runs a DistributedDataParallel model, whose step is not captured yet"]
+        got = _state(model, opt)
+        for a, b in zip(expected[0], got[0]):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    finally:
+        dist.destroy_process_group()
