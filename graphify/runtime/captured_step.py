@@ -137,7 +137,7 @@ class CapturedStep:
         state = self.state
         device = tensors[0].device if tensors else self._param_device()
         static_inputs = tree_map(torch.Tensor.clone, inputs)
-        saved = self._save_host_state()
+        saved = self._save_host_state(device)
         swapped = self._use_tensor_lrs()
         graph = torch.cuda.CUDAGraph()
         cache = torch.is_autocast_cache_enabled()
@@ -167,16 +167,19 @@ class CapturedStep:
         graph.replay()  # capture records the step without running it: this replay trains on the batch
         return static_outputs
 
-    def _save_host_state(self):
-        """What a failed capture may have touched on the host: RNG states and gradient references."""
+    def _save_host_state(self, device):
+        """What a failed capture may have touched on the host: RNG states and gradient references.
+        The CUDA generator's state is kept as a copy of the state object: a capture that fails leaves
+        the generator's own state marked as capturing, which only putting the copy back undoes."""
         grads = [(p, p.grad) for o in self.state.optimizers for g in o.param_groups for p in g["params"]]
-        return torch.get_rng_state(), torch.cuda.get_rng_state(), random.getstate(), grads
+        generator = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+        return torch.get_rng_state(), (generator, generator.clone_state()), random.getstate(), grads
 
     @staticmethod
     def _restore_host_state(saved) -> None:
-        cpu, cuda, py, grads = saved
+        cpu, (generator, cuda_state), py, grads = saved
         torch.set_rng_state(cpu)
-        torch.cuda.set_rng_state(cuda)
+        generator.graphsafe_set_state(cuda_state)
         random.setstate(py)
         for p, grad in grads:
             p.grad = grad

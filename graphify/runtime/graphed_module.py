@@ -66,6 +66,10 @@ class GraphedModule:
     def _capture(self, inputs) -> bool:
         buffers = [b.clone() for b in self.module.buffers()]
         rng = torch.cuda.get_rng_state()
+        # a copy of the generator's state object undoes a failed capture's "capturing" mark; after a
+        # capture that worked, the graphs keep the original object, so only its values are restored
+        generator = torch.cuda.default_generators[inputs[0].device.index]
+        saved_state = generator.clone_state()
         why = why_not_capturable([self.module], [])
         if why is None:
             # make_graphed_callables swaps the forward of the module it is given: give it a holder
@@ -80,9 +84,10 @@ class GraphedModule:
         with torch.no_grad():
             for buffer, saved in zip(self.module.buffers(), buffers):
                 buffer.copy_(saved)
-        torch.cuda.set_rng_state(rng)
-        if why is not None:
-            self.state["disabled"] = why
-            warnings.warn(f"graphify: the model runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=4)
-            return False
-        return True
+        if why is None:
+            torch.cuda.set_rng_state(rng)
+            return True
+        generator.graphsafe_set_state(saved_state)
+        self.state["disabled"] = why
+        warnings.warn(f"graphify: the model runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=4)
+        return False
