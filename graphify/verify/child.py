@@ -1,6 +1,7 @@
 """Runs one version of a script for `graphify verify`:
 
-    python graphify/verify/child.py SCRIPT OUT.json STEPS [--as PATH] [--profile] [--nudge] -- ARGS...
+    python graphify/verify/child.py SCRIPT OUT.json STEPS [--as PATH] [--profile]
+        [--states-out DIR | --states-in DIR] -- ARGS...
 
 (or `python -m graphify.verify.child ...`). It imports nothing from graphify, so the runner starts it
 by path and the script's import path stays as if it were run directly.
@@ -10,8 +11,9 @@ folder (PATH: the user's script; SCRIPT: the instrumented copy that actually run
 torch are seeded with 0 first. `__graphify_probe__(value, optimizers)`, which instrumentation put after
 the step, records each step; after STEPS steps it writes OUT.json and OUT.pt (final parameters and
 optimizer state) and ends the script. A script that ends on its own is recorded as far as it got.
-With --nudge, the parameters are moved by one unit in the last place right after the first step: a run
-that measures how far rounding alone carries this training (the noise floor of the comparison).
+With --states-out DIR the run saves its state after each step; with --states-in DIR it loads the saved
+state after each step and records how far its own state was from it (teacher forcing, forcing.py).
+Step times exclude that work.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ class StopScript(BaseException):
 
 
 class Recorder:
-    def __init__(self, torch, steps: int, out: str, profile: bool, nudge: bool, progress_fd: int) -> None:
+    def __init__(self, torch, steps: int, out: str, profile: bool, progress_fd: int, forcing=None) -> None:
         self.torch, self.steps, self.out, self.profile, self.progress_fd = torch, steps, out, profile, progress_fd
-        self.nudge = nudge
+        self.forcing = forcing
+        self.paused = 0.0  # seconds spent saving and loading states, kept out of the step times
         self.times: list[float] = []
         self.values: list[list[float]] = []
         self.optimizers: tuple = ()
@@ -52,14 +55,18 @@ class Recorder:
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         if cuda:
             torch.cuda.synchronize()
-        self.times.append(time.perf_counter())
+        end = time.perf_counter()
+        self.times.append(end - self.paused)
         self.values.append(_floats(torch, value))
         if optimizers is not None:
             self.optimizers = tuple(optimizers) if isinstance(optimizers, (tuple, list)) else (optimizers,)
         os.write(self.progress_fd, b".")
         n = len(self.times)
-        if self.nudge and n == 1:
-            _nudge(torch, self.optimizers)
+        if self.forcing is not None:
+            self.forcing.after_step(n, self.optimizers)
+            if cuda:
+                torch.cuda.synchronize()
+            self.paused += time.perf_counter() - end
         if self.profile and cuda and n == self.steps - PROFILED_STEPS and n >= 15:  # well after capture
             self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
             self.profiler.__enter__()
@@ -98,6 +105,8 @@ class Recorder:
             "peak_memory": torch.cuda.max_memory_allocated() if cuda else None,
             "graphs": _captured_graphs(),
         }
+        if self.forcing is not None and self.forcing.mode == "force":
+            data["forced"] = {"steps": self.forcing.forced, "metrics": self.forcing.metrics}
         with open(self.out, "w") as f:
             json.dump(data, f)
 
@@ -115,17 +124,6 @@ def _floats(torch, value) -> list[float]:
         return [float(value)]
     except (TypeError, ValueError):
         return []
-
-
-def _nudge(torch, optimizers) -> None:
-    """One ulp away from zero on every floating-point parameter: add 1 to its bits."""
-    bits = {8: torch.int64, 4: torch.int32, 2: torch.int16}
-    with torch.no_grad():
-        for opt in optimizers:
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    if p.is_floating_point() and p.element_size() in bits:
-                        p.view(bits[p.element_size()]).add_(1)
 
 
 _AUTOCAST_DTYPES: set = set()
@@ -251,6 +249,16 @@ def _same_arithmetic(torch) -> None:
     torch.optim.Optimizer.__init__ = capturable_init
 
 
+def _load_forcing():
+    """forcing.py beside this file, by path: the child imports nothing through the graphify package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_graphify_forcing", os.path.join(os.path.dirname(os.path.abspath(__file__)), "forcing.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
@@ -260,7 +268,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("steps", type=int)
     parser.add_argument("--as", dest="as_path")
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--nudge", action="store_true")
+    parser.add_argument("--states-out")
+    parser.add_argument("--states-in")
     ns = parser.parse_args(argv[:split])
     script_args = argv[split + 1:]
     as_path = os.path.abspath(ns.as_path or ns.script)
@@ -271,7 +280,10 @@ def main(argv: list[str] | None = None) -> None:
     with open(ns.script, encoding="utf-8") as f:
         code = compile(f.read(), ns.script, "exec")
     progress_fd = os.open(ns.out[:-5] + ".progress", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    recorder = Recorder(torch, ns.steps, ns.out, ns.profile, ns.nudge, progress_fd)
+    forcing = None
+    if ns.states_out or ns.states_in:
+        forcing = _load_forcing().Forcing(torch, "record" if ns.states_out else "force", ns.states_out or ns.states_in)
+    recorder = Recorder(torch, ns.steps, ns.out, ns.profile, progress_fd, forcing)
     builtins.__graphify_probe__ = recorder
     sys.argv = [as_path] + script_args
     module = types.ModuleType("__main__")

@@ -16,18 +16,20 @@ import click
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARGS]...")
 @click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True, help="Training steps to run each version for.")
-@click.option("--rtol", type=click.FloatRange(min=0), help="Relative tolerance (default: 0 on the CPU, 1e-4 on CUDA).")
-@click.option("--atol", type=click.FloatRange(min=0), help="Absolute tolerance (default: 0 on the CPU, 1e-6 on CUDA).")
+@click.option("--rtol", type=click.FloatRange(min=0), help="Relative tolerance on losses and on the state per step's update (default: 0 on the CPU, by precision on CUDA).")
+@click.option("--atol", type=click.FloatRange(min=0), help="Absolute tolerance on losses (default: 0 on the CPU, by precision on CUDA).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema: docs/verify.md).")
 @click.option("--profile/--no-profile", default=True, show_default=True, help="Profile the last 5 steps on CUDA (kernels, launch overhead).")
 @click.option("--timeout", type=click.FloatRange(min=1), help="Seconds each version may run.")
 @click.option("--keep", is_flag=True, help="Keep the instrumented scripts and their output; print where.")
-def verify_command(script, script_args, steps, rtol, atol, as_json, profile, timeout, keep) -> None:
+@click.option("--rewritten", type=click.Path(dir_okay=False), help="Verify this rewrite of SCRIPT (edited by hand, or older) instead of graphify's.")
+def verify_command(script, script_args, steps, rtol, atol, as_json, profile, timeout, keep, rewritten) -> None:
     """Run SCRIPT and its `graphify rewrite` side by side and check they train the same.
 
-    Both run STEPS steps of the rewritten loop with the same seeds; losses, final parameters and
-    optimizer state are compared, and on CUDA the step time, setup time, memory and launch overhead
-    are reported. Arguments after `--` go to the script.
+    Both run STEPS steps of the rewritten loop with the same seeds, the rewrite on the original's
+    trajectory: each step starts from the original's state after the step before, and its losses and
+    resulting state are compared. On CUDA the step time, setup time, memory and launch overhead are
+    reported. Arguments after `--` go to the script.
     """
     from rich.console import Console
 
@@ -47,7 +49,7 @@ def verify_command(script, script_args, steps, rtol, atol, as_json, profile, tim
         if progress is not None:
             progress.__enter__()
         report = verify_file(script, steps, list(script_args), rtol, atol, settings=settings, profile=profile,
-                             timeout=timeout, keep=keep, progress=progress)
+                             timeout=timeout, keep=keep, progress=progress, rewritten=rewritten)
     finally:
         if progress is not None:
             progress.__exit__(None, None, None)

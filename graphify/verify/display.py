@@ -13,7 +13,6 @@ from rich.progress import (
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from graphify.verify.compare import NOISE_FACTOR
 from graphify.verify.report import VerifyReport
 
 
@@ -91,13 +90,12 @@ def _runs_table(report: VerifyReport) -> Table:
 
 def _equivalence_table(report: VerifyReport) -> Table:
     c = report.comparison
-    tol = "exact" if c.exact else f"rtol {c.rtol:g}, atol {c.atol:g}"
-    if c.noise is not None:
-        tol += f", plus {NOISE_FACTOR}x the rounding noise"
-    table = Table("", "compared", "max abs diff", "max rel diff", "first mismatch", "", title=f"equivalence ({tol})", title_justify="left")
+    tol = "exact" if c.exact else f"losses rtol {c.rtol:g}, atol {c.atol:g}; state {c.update_tol:g} of each step's update"
+    title = f"equivalence, each step from the original's state ({tol})"
+    table = Table("", "compared", "max abs diff", "max rel diff", "first mismatch", "", title=title, title_justify="left")
     table.columns[0].no_wrap = True
     rows = [("steps", None), ("losses" if report.loop["kind"] == "train" else "outputs", c.losses),
-            ("parameters", c.params), ("optimizer state", c.state)]
+            ("parameters (/ update)", c.params), ("optimizer state, buffers", c.state)]
     for name, d in rows:
         if d is None:
             ok = c.steps[0] == c.steps[1]
@@ -105,10 +103,6 @@ def _equivalence_table(report: VerifyReport) -> Table:
             continue
         mismatch = d.first_bad or (d.problems[0] if d.problems else "")
         table.add_row(name, str(d.compared), _fmt(d.max_abs, "{:.3g}"), _fmt(d.max_rel, "{:.3g}"), mismatch, _mark(d.ok))
-    if c.noise is not None:
-        n = c.noise
-        table.caption = (f"rounding noise (the original against itself nudged by one ulp after step 1): max rel "
-                         f"{n.losses.max_rel:.3g} on losses, {n.params.max_rel:.3g} on parameters")
     return table
 
 

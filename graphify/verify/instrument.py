@@ -21,7 +21,7 @@ from graphify.analysis.discovery import (
     method_call,
 )
 from graphify.analysis.engine import LoopAnalysis, analyze_module
-from graphify.analysis.statements import walk
+from graphify.analysis.statements import names_read, names_written, walk
 from graphify.model import Verdict
 from graphify.rewrite import rewrite_source
 from graphify.rewrite.plan import body_of
@@ -77,6 +77,68 @@ def instrument(source: str, path: str, settings=None) -> Instrumented:
         return Instrumented(original, rewrite.code, line, loop.kind, loop.func.qualname, outcome.step_name, records)
     detail = f" ({'; '.join(why)})" if why else ""
     raise InstrumentError(f"graphify rewrite changes no loop of this file, so there is nothing to verify{detail}")
+
+
+def instrument_given(source: str, path: str, rewritten: str, settings=None) -> Instrumented:
+    """Probe a rewrite made elsewhere (edited by hand, or by an older graphify) beside its original: the
+    same probe goes after the same loop's step in both. In the rewrite, that loop is the one with the same
+    header, and the probe follows its last statement that calls a runtime helper (or, failing that, the
+    statement the original's probe follows)."""
+    if settings is None:
+        from graphify.config import Settings
+
+        settings = Settings()
+    result = analyze_module(source, path, settings)
+    if result.report.errors:
+        raise InstrumentError(result.report.errors[0].message)
+    try:
+        given = cst.parse_module(rewritten)
+    except cst.ParserSyntaxError as exc:
+        raise InstrumentError(f"the given rewrite does not parse: {exc.message}") from None
+    for analysis in sorted(result.loops, key=lambda a: a.loop.kind != "train"):
+        probe = _probe(analysis)
+        if probe is None:
+            continue
+        index, text, records = probe
+        loop = analysis.loop
+        header = _header(loop.node)
+        anchor = _EMPTY.code_for_node(body_of(loop)[index].with_changes(leading_lines=[])).strip()
+        target = next((n for n in _all_nodes(given) if isinstance(n, (cst.For, cst.While)) and _header(n) == header), None)
+        if target is None:
+            continue
+        stmts = list(target.body.body) if isinstance(target.body, cst.IndentedBlock) else []
+        helpers = _helper_names(given)
+        after = [i for i, st in enumerate(stmts) if _EMPTY.code_for_node(st.with_changes(leading_lines=[])).strip() == anchor]
+        after = after or [i for i, st in enumerate(stmts) if any(_calls(st, name) for name in helpers)]
+        if not after:
+            continue
+        line = loop.module.position(loop.node).start.line
+        call = cst.parse_expression(text.split("\n")[0])
+        available = set().union(*(names_written(st) for st in stmts[:after[-1] + 1]))
+        if isinstance(target, cst.For):
+            available |= names_written(cst.Assign([cst.AssignTarget(target.target)], cst.Name("_")))
+        if not names_read(call.args[0].value) <= available:  # the rewrite keeps no loss here: compare the state only
+            text = _EMPTY.code_for_node(call.with_changes(args=[call.args[0].with_changes(value=cst.Name("None")), *call.args[1:]]))
+            records = False
+        original = result.module.tree.visit(_Insert(loop.node, index, text)).code
+        step_name = next((name for name in helpers if _calls(stmts[after[-1]], name)), "")
+        return Instrumented(original, given.visit(_Insert(target, after[-1], text)).code, line, loop.kind,
+                            loop.func.qualname, step_name, records)
+    raise InstrumentError("no loop of the original has a counterpart in the given rewrite (the same loop header)")
+
+
+def _header(loop: cst.For | cst.While) -> str:
+    return _EMPTY.code_for_node(loop.with_changes(leading_lines=[])).split("\n", 1)[0].strip()
+
+
+def _helper_names(tree: cst.Module) -> list[str]:
+    """Names bound to a runtime helper: `step = CapturedStep(step)`, `graphed = GraphedModule(model)`."""
+    names = []
+    for n in _all_nodes(tree):
+        if isinstance(n, cst.Assign) and isinstance(n.value, cst.Call) and isinstance(n.value.func, cst.Name) \
+                and n.value.func.value in ("CapturedStep", "GraphedModule") and isinstance(n.targets[0].target, cst.Name):
+            names.append(n.targets[0].target.value)
+    return names
 
 
 def _probe(analysis: LoopAnalysis) -> tuple[int, str, bool] | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphify.verify.compare import NOISE_FACTOR
 from graphify.verify.runner import SETUP_STEPS
 
 PASSED, FAILED, ERROR = 0, 1, 2  # exit codes: equivalent / not equivalent / could not run
@@ -21,7 +20,6 @@ class VerifyReport:
     loop: dict | None = None  # {"line", "kind", "function", "step_function", "records_values"}
     original: object | None = None  # runner.RunResult
     rewrite: object | None = None
-    noise: object | None = None  # the nudged original, when the tolerance alone was exceeded
     comparison: object | None = None  # compare.Comparison
     workdir: str | None = None  # kept files (--keep)
 
@@ -64,25 +62,18 @@ class VerifyReport:
             "device": self.original.data.get("device") if self.original is not None and self.original.ok else None,
             "on_cuda": self.on_cuda,
             "tolerance": {"rtol": c.rtol, "atol": c.atol, "exact": c.exact,
-                          "precision": self.original.data.get("precision"), "noise": _noise_dict(c)} if c else None,
+                          "precision": self.original.data.get("precision"), "update_tol": c.update_tol,
+                          "steps_compared": c.forced + 1} if c else None,
             "steps": {"original": c.steps[0], "rewrite": c.steps[1]} if c else None,
             "losses": dict(c.losses.to_dict(), first_divergent_step=c.first_divergent_step()) if c else None,
             "params": c.params.to_dict() if c else None,
             "optimizer_state": c.state.to_dict() if c else None,
-            "runs": {r.label: _run_dict(r) for r in (self.original, self.rewrite, self.noise) if r is not None},
+            "runs": {r.label: _run_dict(r) for r in (self.original, self.rewrite) if r is not None},
             "speedup": self.speedup,
             "verdict": self.verdict,
             "workdir": self.workdir,
         }
         return doc
-
-
-def _noise_dict(c) -> dict | None:
-    """How far one ulp moved the original's values: allowed NOISE_FACTOR times over on top of rtol/atol."""
-    if c.noise is None:
-        return None
-    return {"factor": NOISE_FACTOR, "losses_max_rel": c.noise.losses.max_rel, "params_max_rel": c.noise.params.max_rel,
-            "optimizer_state_max_rel": c.noise.state.max_rel}
 
 
 def _run_dict(run) -> dict:

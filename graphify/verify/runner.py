@@ -70,7 +70,8 @@ def run_version(
     workdir: str,
     *,
     profile: bool = False,
-    nudge: bool = False,
+    states_out: str | None = None,
+    states_in: str | None = None,
     timeout: float | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> RunResult:
@@ -85,8 +86,10 @@ def run_version(
     cmd = [sys.executable, child.__file__, copy, out, str(steps), "--as", os.path.abspath(script)]
     if profile:
         cmd.append("--profile")
-    if nudge:
-        cmd.append("--nudge")
+    if states_out:
+        cmd += ["--states-out", states_out]
+    if states_in:
+        cmd += ["--states-in", states_in]
     cmd += ["--", *args]
     with open(os.path.join(workdir, f"{label}.stdout"), "wb") as stdout, open(os.path.join(workdir, f"{label}.stderr"), "wb") as stderr:
         proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.abspath(script)), env=child_env(),
