@@ -36,6 +36,7 @@ class Diff:
     first_bad: str | None = None  # the first value outside the tolerance
     problems: list[str] = field(default_factory=list)  # missing values, shape changes...
     abs_by_name: dict[str, float] = field(default_factory=dict)
+    max_ratio: float = 0.0  # the largest difference as a multiple of what the tolerance allows
 
     @property
     def ok(self) -> bool:
@@ -50,12 +51,15 @@ class Diff:
             self.max_rel, self.worst = rel, name
         self.max_abs = max(self.max_abs, abs_diff)
         self.abs_by_name[name] = abs_diff
-        if abs_diff > atol + rtol * ref and self.first_bad is None:
+        allowed = atol + rtol * ref
+        self.max_ratio = max(self.max_ratio, abs_diff / allowed if allowed > 0 else (0.0 if abs_diff == 0 else math.inf))
+        if abs_diff > allowed and self.first_bad is None:
             self.first_bad = name
 
     def to_dict(self) -> dict:
         return {"compared": self.compared, "max_abs_diff": _num(self.max_abs), "max_rel_diff": _num(self.max_rel),
-                "worst": self.worst, "first_mismatch": self.first_bad, "problems": self.problems, "ok": self.ok}
+                "worst": self.worst, "first_mismatch": self.first_bad, "problems": self.problems, "ok": self.ok,
+                "max_tolerance_ratio": _num(self.max_ratio)}
 
 
 @dataclass
