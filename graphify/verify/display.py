@@ -54,7 +54,7 @@ def render(report: VerifyReport, console: Console) -> None:
     if report.comparison is not None:
         console.print(_equivalence_table(report))
         if not report.loop["records_values"]:
-            console.print("note: the probe found no scalar loss (or output) to record; only the final state is compared")
+            console.print("note: the probe found no scalar loss (or output) to record; only the state after each step is compared")
     if report.verdict:
         speedup = report.speedup
         console.print(f"speedup: {speedup:.2f}x" if speedup else "speedup: not measured")
@@ -72,10 +72,11 @@ def _runs_table(report: VerifyReport) -> Table:
     table = Table("", *[r.label for r in runs], title="runs", title_justify="left")
     table.columns[0].no_wrap = True
     profiles = [r.data.get("profile") or {} for r in runs]
+    timed = report.on_cuda  # on the CPU both run the same eager code: times would only be noise
     rows = [
         ("steps", [str(r.steps) for r in runs]),
-        ("ms / step", [_fmt(r.step_ms, "{:.2f}") for r in runs]),
-        ("setup s", [_fmt(r.setup_s, "{:.3f}") for r in runs]),
+        ("ms / step", [_fmt(r.step_ms, "{:.2f}") if timed else "not measured (no CUDA)" for r in runs]),
+        ("setup s", [_fmt(r.setup_s, "{:.3f}") if timed else "not measured (no CUDA)" for r in runs]),
         ("peak memory", [_bytes(r.data.get("peak_memory")) for r in runs]),
         ("kernels / step", [_fmt(p.get("kernels_per_step"), "{:.0f}") for p in profiles]),
         ("launches / step", [_fmt(p.get("launches_per_step"), "{:.0f}") for p in profiles]),
