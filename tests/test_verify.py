@@ -310,3 +310,57 @@ def test_a_given_rewrite_is_verified_and_a_wrong_one_fails(tmp_path):
     assert report.exit_code == 1 and "parameters differ at step 2" in report.message
     result = CliRunner().invoke(cli, ["verify", path, "--steps", "4", "--rewritten", str(tmp_path / "missing.py")])
     assert result.exit_code == 2 and "cannot read" in result.stdout and "missing.py" in result.stdout
+
+
+def test_a_loop_reentered_each_epoch_is_forced_across_epochs():
+    """train() called once per epoch: the rewrite's helper is rebuilt each epoch and replays the same
+    graph; every step of every epoch is compared from the original's state."""
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "traps" / "train_fn_per_epoch.py"
+    report = verify_file(str(path), steps=100000, profile=False)
+    assert report.passed, (report.message, report.detail)
+    c = report.comparison
+    assert c.exact and c.steps[0] == c.steps[1] == 48  # 3 epochs of 16 steps
+    assert c.forced == 47 and c.params.compared == 47
+
+
+EPOCHS = """
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100)
+x, y = torch.randn(8, 4), torch.randn(8, 1)
+
+
+def train(epoch):
+    for step in range(60):
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+
+
+for epoch in range(10):
+    train(epoch)
+"""
+
+
+def test_by_default_a_reentered_loop_runs_into_its_second_entry(tmp_path):
+    report = verify_file(write(tmp_path, EPOCHS), profile=False)
+    assert report.passed, (report.message, report.detail)
+    assert report.comparison.steps == (70, 70)  # entered again at step 60, then 10 more steps
+    assert report.original.data["entries"] == [0, 60]
+    assert [w.split(":")[0] for w in report.warnings] == ["the learning rate did not change within the 70 compared steps"]
+
+
+def test_a_short_run_says_what_it_did_not_cover(tmp_path):
+    report = verify_file(write(tmp_path, EPOCHS), steps=20, profile=False)
+    assert report.passed
+    assert [w.split(":")[0] for w in report.warnings] == [
+        "the run stopped after 20 steps, before the loop was entered a second time (a second epoch)",
+        "the learning rate did not change within the 20 compared steps"]
+    result = CliRunner().invoke(cli, ["verify", write(tmp_path, EPOCHS, "again.py"), "--steps", "20", "--json"])
+    assert len(json.loads(result.stdout)["warnings"]) == 2

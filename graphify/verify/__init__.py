@@ -18,9 +18,13 @@ from graphify.verify.report import ERROR, FAILED, PASSED, VerifyReport
 __all__ = ["VerifyReport", "verify_file"]
 
 
+DEFAULT_STEPS = 50
+REENTRY_MAX_STEPS = 300  # by default, a loop that may be entered again runs up to this long to see it happen
+
+
 def verify_file(
     path: str,
-    steps: int = 50,
+    steps: int | None = None,
     args: Sequence[str] = (),
     rtol: float | None = None,
     atol: float | None = None,
@@ -35,6 +39,8 @@ def verify_file(
 ) -> VerifyReport:
     """Verify `graphify rewrite` of the script at `path` over its first `steps` steps; with `rewritten`
     (a path), verify that file instead, a rewrite edited by hand or made by an older graphify.
+    steps=None: 50, or for a loop that may be entered again (a `train()` called per epoch) until it was
+    entered a second time and ran 10 steps there, up to 300.
 
     rtol/atol: None for the defaults (exact on the CPU; on CUDA by precision, see compare.CUDA_TOLERANCES). `progress`: an object with
     `stage(text)` and `step(label, done, total)` (see display.Progress). `rewrite_hook` changes the
@@ -44,7 +50,7 @@ def verify_file(
     from graphify.files import SourceError, read_source
     from graphify.verify.instrument import InstrumentError, instrument, instrument_given
 
-    report = VerifyReport(path, steps, list(args))
+    report = VerifyReport(path, steps or DEFAULT_STEPS, list(args))
     progress = progress or _Silent()
     try:
         reading = path
@@ -61,8 +67,11 @@ def verify_file(
                    "records_values": inst.records_values}
     rewritten = rewrite_hook(inst.rewritten) if rewrite_hook else inst.rewritten
     workdir = tempfile.mkdtemp(prefix="graphify-verify-")
+    until_reentry = REENTRY_MAX_STEPS if steps is None and inst.reenterable else None
     try:
-        return _run(report, inst.original, rewritten, workdir, profile, timeout, progress, rtol, atol)
+        _run(report, inst.original, rewritten, workdir, profile, timeout, progress, rtol, atol, until_reentry)
+        _warn_uncovered(report, inst)
+        return report
     finally:
         if keep:
             report.workdir = workdir
@@ -70,7 +79,7 @@ def verify_file(
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run(report, original_code, rewritten_code, workdir, profile, timeout, progress, rtol, atol) -> VerifyReport:
+def _run(report, original_code, rewritten_code, workdir, profile, timeout, progress, rtol, atol, until_reentry) -> VerifyReport:
     from graphify.verify.compare import compare_runs, tolerances
     from graphify.verify.runner import run_version
 
@@ -80,6 +89,7 @@ def _run(report, original_code, rewritten_code, workdir, profile, timeout, progr
         progress.stage(f"running the {label}" + (" on the original's trajectory" if label == "rewrite" else ""))
         run = run_version(label, code, report.path, report.steps_requested, report.args, workdir, profile=profile,
                           states_out=states if label == "original" else None, states_in=states if label == "rewrite" else None,
+                          until_reentry=until_reentry,
                           timeout=timeout, on_step=lambda n, label=label: progress.step(label, n, report.steps_requested))
         runs[label] = run
         setattr(report, label, run)
@@ -98,6 +108,21 @@ def _run(report, original_code, rewritten_code, workdir, profile, timeout, progr
         how = " (exact)" if c.exact else f" ({precision}: losses within rtol {rtol:g}, atol {atol:g}; state within {update_tol:g} of each step's update)"
         return _end(report, PASSED, f"the rewrite is equivalent: {c.forced + 1} steps compared from identical state" + how)
     return _end(report, FAILED, "the rewrite is NOT equivalent: " + "; ".join(_differences(c)))
+
+
+def _warn_uncovered(report, inst) -> None:
+    """Say what the run did not reach: a second entry of the loop, a change of the learning rate."""
+    run = report.original
+    if run is None or not run.ok:
+        return
+    stopped = run.data.get("ended") == "steps"
+    if inst.reenterable and stopped and len(run.data.get("entries", [])) < 2:
+        report.warnings.append(f"the run stopped after {run.steps} steps, before the loop was entered a second time "
+                               "(a second epoch): the reuse of its graphs was not compared; run more steps")
+    lrs = run.data.get("lrs", [])
+    if inst.scheduled and lrs and all(v == lrs[0] for v in lrs) and stopped:
+        report.warnings.append(f"the learning rate did not change within the {run.steps} compared steps: the schedule "
+                               "was not checked; run more steps")
 
 
 def _differences(c) -> list[str]:

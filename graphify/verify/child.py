@@ -11,7 +11,8 @@ folder (PATH: the user's script; SCRIPT: the instrumented copy that actually run
 torch are seeded with 0 first. `__graphify_probe__(value, optimizers)`, which instrumentation put after
 the step, records each step; after STEPS steps it writes OUT.json and OUT.pt (final parameters and
 optimizer state) and ends the script. A script that ends on its own is recorded as far as it got.
-With --states-out DIR the run saves its state after each step; with --states-in DIR it loads the saved
+With --until-reentry MAX the run goes on past STEPS, up to MAX steps, until the loop has been entered a
+second time and run 10 steps there (a `train()` called per epoch). With --states-out DIR the run saves its state after each step; with --states-in DIR it loads the saved
 state after each step and records how far its own state was from it (teacher forcing, forcing.py).
 Step times exclude that work.
 """
@@ -30,6 +31,7 @@ import types
 
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch", "cuGraphLaunch")
 PROFILED_STEPS = 5
+REENTRY_STEPS = 10  # steps compared after the loop was entered again
 
 
 class StopScript(BaseException):
@@ -38,8 +40,11 @@ class StopScript(BaseException):
 
 
 class Recorder:
-    def __init__(self, torch, steps: int, out: str, profile: bool, progress_fd: int, forcing=None) -> None:
+    def __init__(self, torch, steps: int, out: str, profile: bool, progress_fd: int, forcing=None, until_reentry=None) -> None:
         self.torch, self.steps, self.out, self.profile, self.progress_fd = torch, steps, out, profile, progress_fd
+        self.until_reentry = until_reentry  # run past `steps`, up to this many, until the loop was entered again
+        self.entries: list[int] = []  # steps done when the loop was entered
+        self.lrs: list[list[float]] = []  # each optimizer's first learning rate, per step
         self.forcing = forcing
         self.paused = 0.0  # seconds spent saving and loading states, kept out of the step times
         self.times: list[float] = []
@@ -60,6 +65,7 @@ class Recorder:
         self.values.append(_floats(torch, value))
         if optimizers is not None:
             self.optimizers = tuple(optimizers) if isinstance(optimizers, (tuple, list)) else (optimizers,)
+        self.lrs.append([float(opt.param_groups[0]["lr"]) for opt in self.optimizers if opt.param_groups])
         os.write(self.progress_fd, b".")
         n = len(self.times)
         if self.forcing is not None:
@@ -73,7 +79,18 @@ class Recorder:
             self.profile_start = time.perf_counter()  # the profiler's own start-up is not a step
         if n >= self.steps:
             self._stop_profiler()
+        if self._done(n):
             raise StopScript
+
+    def _done(self, n: int) -> bool:
+        if self.until_reentry is None:
+            return n >= self.steps
+        again = self.entries[1] if len(self.entries) > 1 else None
+        return n >= self.until_reentry or (n >= self.steps and again is not None and n - again >= REENTRY_STEPS)
+
+    def enter(self) -> None:
+        """Called just before the probed loop starts."""
+        self.entries.append(len(self.times))
 
     def _stop_profiler(self) -> None:
         if self.profiler is None:
@@ -104,6 +121,8 @@ class Recorder:
             "precision": _precision(torch, params),  # so does this
             "peak_memory": torch.cuda.max_memory_allocated() if cuda else None,
             "graphs": _captured_graphs(),
+            "entries": self.entries,
+            "lrs": self.lrs,
         }
         if self.forcing is not None and self.forcing.mode == "force":
             data["forced"] = {"steps": self.forcing.forced, "metrics": self.forcing.metrics}
@@ -270,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--states-out")
     parser.add_argument("--states-in")
+    parser.add_argument("--until-reentry", type=int)
     ns = parser.parse_args(argv[:split])
     script_args = argv[split + 1:]
     as_path = os.path.abspath(ns.as_path or ns.script)
@@ -283,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     forcing = None
     if ns.states_out or ns.states_in:
         forcing = _load_forcing().Forcing(torch, "record" if ns.states_out else "force", ns.states_out or ns.states_in)
-    recorder = Recorder(torch, ns.steps, ns.out, ns.profile, progress_fd, forcing)
+    recorder = Recorder(torch, ns.steps, ns.out, ns.profile, progress_fd, forcing, ns.until_reentry)
     builtins.__graphify_probe__ = recorder
     sys.argv = [as_path] + script_args
     module = types.ModuleType("__main__")

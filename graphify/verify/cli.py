@@ -15,7 +15,7 @@ import click
 @click.command("verify")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARGS]...")
-@click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True, help="Training steps to run each version for.")
+@click.option("--steps", type=click.IntRange(min=1), help="Training steps to run each version for (default 50; a loop that may be entered again runs until its second entry, up to 300).")
 @click.option("--rtol", type=click.FloatRange(min=0), help="Relative tolerance on losses and on the state per step's update (default: 0 on the CPU, by precision on CUDA).")
 @click.option("--atol", type=click.FloatRange(min=0), help="Absolute tolerance on losses (default: 0 on the CPU, by precision on CUDA).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema: docs/verify.md).")

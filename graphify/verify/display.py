@@ -59,6 +59,8 @@ def render(report: VerifyReport, console: Console) -> None:
         speedup = report.speedup
         console.print(f"speedup: {speedup:.2f}x" if speedup else "speedup: not measured")
         console.print(f"verdict: {report.verdict}")
+    for warning in report.warnings:
+        console.print(f"[yellow]warning[/]: {warning}", highlight=False)
     style = {0: "bold green", 1: "bold red"}.get(report.exit_code, "bold yellow")
     console.print(f"[{style}]{report.status.upper()}[/]: {report.message}", highlight=False)
     if report.detail:

@@ -22,6 +22,7 @@ from graphify.analysis.discovery import (
 )
 from graphify.analysis.engine import LoopAnalysis, analyze_module
 from graphify.analysis.statements import names_read, names_written, walk
+from graphify.analysis.values import SCHEDULER
 from graphify.model import Verdict
 from graphify.rewrite import rewrite_source
 from graphify.rewrite.plan import body_of
@@ -44,6 +45,8 @@ class Instrumented:
     function: str | None
     step_name: str  # the captured step function the rewrite defines
     records_values: bool  # whether the probe records losses (or outputs), not only timing
+    reenterable: bool = False  # the loop sits in a function or an outer loop: it may be entered again
+    scheduled: bool = False  # the learning rate is scheduled or assigned around the loop
 
 
 def instrument(source: str, path: str, settings=None) -> Instrumented:
@@ -67,14 +70,15 @@ def instrument(source: str, path: str, settings=None) -> Instrumented:
         index, text, records = probe
         original = result.module.tree.visit(_Insert(loop.node, index, text)).code
         rewrite = rewrite_source(original, path, settings)
-        outcome = next((o for o in rewrite.outcomes if o.line == line), None)
+        outcome = next((o for o in rewrite.outcomes if o.line == line + 1), None)  # the entry marker is one line above
         if rewrite.errors or outcome is None or not outcome.rewritten:
             reasons = [e.message for e in rewrite.errors] or (outcome.reasons if outcome else ["not rewritten"])
             why.append(f"line {line}: {'; '.join(reasons)}")
             continue
         if not probe_follows_call(rewrite.code, outcome.step_name):
             raise InstrumentError(f"line {line}: the rewrite does not keep the probe after the captured step; cannot compare")
-        return Instrumented(original, rewrite.code, line, loop.kind, loop.func.qualname, outcome.step_name, records)
+        return Instrumented(original, rewrite.code, line, loop.kind, loop.func.qualname, outcome.step_name, records,
+                            *_context(analysis))
     detail = f" ({'; '.join(why)})" if why else ""
     raise InstrumentError(f"graphify rewrite changes no loop of this file, so there is nothing to verify{detail}")
 
@@ -123,8 +127,19 @@ def instrument_given(source: str, path: str, rewritten: str, settings=None) -> I
         original = result.module.tree.visit(_Insert(loop.node, index, text)).code
         step_name = next((name for name in helpers if _calls(stmts[after[-1]], name)), "")
         return Instrumented(original, given.visit(_Insert(target, after[-1], text)).code, line, loop.kind,
-                            loop.func.qualname, step_name, records)
+                            loop.func.qualname, step_name, records, *_context(analysis))
     raise InstrumentError("no loop of the original has a counterpart in the given rewrite (the same loop header)")
+
+
+def _context(analysis: LoopAnalysis) -> tuple[bool, bool]:
+    """(the loop may be entered again, the learning rate changes around it): what a run must cover."""
+    loop = analysis.loop
+    reenterable = loop.func.node is not None or any(isinstance(a, (cst.For, cst.While)) for a in loop.ancestors)
+    scope = loop.func.node if loop.func.node is not None else loop.module.tree
+    env = loop.region.body_block.env
+    scheduled = any(f.rule.code in ("GFY411", "GFY412") for f in analysis.all_findings) or any(
+        (m := method_call(n)) is not None and m[1] == "step" and env.kind_of(m[0]) == SCHEDULER for n in walk(scope))
+    return reenterable, scheduled
 
 
 def _header(loop: cst.For | cst.While) -> str:
@@ -213,8 +228,24 @@ def _distinct(exprs) -> list[cst.BaseExpression]:
 
 
 class _Insert(cst.CSTTransformer):
+    """The probe after body statement `index` of the loop, and `__graphify_probe__.enter()` just before
+    the loop, which counts how often the loop is entered."""
+
     def __init__(self, loop: cst.CSTNode, index: int, text: str) -> None:
         self.loop, self.index, self.text = loop, index, text
+
+    def _mark(self, original, updated):
+        if not any(c is self.loop for c in original.body):
+            return updated
+        body = []
+        for orig, upd in zip(original.body, updated.body):
+            if orig is self.loop:
+                body.append(cst.parse_statement(f"{PROBE}.enter()\n"))
+            body.append(upd)
+        return updated.with_changes(body=body)
+
+    leave_IndentedBlock = _mark
+    leave_Module = _mark
 
     def _leave_loop(self, original, updated):
         if original is not self.loop:

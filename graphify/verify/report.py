@@ -22,6 +22,7 @@ class VerifyReport:
     rewrite: object | None = None
     comparison: object | None = None  # compare.Comparison
     workdir: str | None = None  # kept files (--keep)
+    warnings: list[str] = field(default_factory=list)  # what the run did not cover
 
     @property
     def passed(self) -> bool:
@@ -56,6 +57,7 @@ class VerifyReport:
             "exit_code": self.exit_code,
             "message": self.message,
             "detail": self.detail or None,
+            "warnings": self.warnings,
             "steps_requested": self.steps_requested,
             "args": self.args,
             "loop": self.loop,

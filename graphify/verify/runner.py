@@ -72,6 +72,7 @@ def run_version(
     profile: bool = False,
     states_out: str | None = None,
     states_in: str | None = None,
+    until_reentry: int | None = None,
     timeout: float | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> RunResult:
@@ -90,6 +91,8 @@ def run_version(
         cmd += ["--states-out", states_out]
     if states_in:
         cmd += ["--states-in", states_in]
+    if until_reentry:
+        cmd += ["--until-reentry", str(until_reentry)]
     cmd += ["--", *args]
     with open(os.path.join(workdir, f"{label}.stdout"), "wb") as stdout, open(os.path.join(workdir, f"{label}.stderr"), "wb") as stderr:
         proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.abspath(script)), env=child_env(),
