@@ -113,3 +113,19 @@ def test_graphed_module_is_eager_off_cuda():
         warnings.simplefilter("error")
         out = graphed(torch.ones(1, 2))
     assert torch.equal(out, model(torch.ones(1, 2)))
+
+
+def test_a_setting_that_keeps_changing_leaves_the_step_eager():
+    """SGD's float learning rate moved by a scheduler: the graphs are dropped and captured again, up to
+    a limit, then the step stays eager with one warning."""
+    from graphify.runtime.captured_step import MAX_KEYS
+
+    captured = CapturedStep(lambda x: x)
+    captured.state.graphs = {"key": object()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(MAX_KEYS):
+            captured._forget_graphs()
+        assert captured.state.graphs == {} and captured.state.disabled is None and not caught
+        captured._forget_graphs()
+    assert "changed more than" in captured.state.disabled and len(caught) == 1

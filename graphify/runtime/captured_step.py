@@ -28,6 +28,7 @@ class _Captures:
         self.pool = None
         self.lr_tensors: list = []  # [param group, device tensor, float it holds]
         self.frozen: list = []  # (param group, name, value at capture) the graph cannot follow
+        self.recaptures = 0  # times the graphs were dropped because a frozen setting changed
 
 
 _registry: dict = {}  # step code object -> _Captures of its latest bindings, newest last
@@ -76,7 +77,10 @@ class CapturedStep:
         captured = state.graphs.get(key)
         if captured is not None:
             graph, static_tensors, static_outputs = captured
-            if self._fits(static_tensors, tensors) and self._settings_unchanged():
+            if not self._settings_unchanged():
+                self._forget_graphs()  # e.g. SGD's float learning rate moved by a per-epoch scheduler
+                return self.__call__(*inputs, key=key[0])
+            if self._fits(static_tensors, tensors):
                 for static, new in zip(static_tensors, tensors):
                     static.copy_(new, non_blocking=True)
                 for entry in state.lr_tensors:
@@ -199,6 +203,17 @@ class CapturedStep:
                 # schedulers may move these too (OneCycleLR cycles betas and momentum): the graph froze them
                 state.frozen += [(group, k, group[k]) for k in ("betas", "momentum", "weight_decay") if k in group]
         return swapped
+
+    def _forget_graphs(self) -> None:
+        """A setting the graphs froze has changed: drop them, warm up and capture again with the new
+        values; a setting that keeps changing leaves the step eager."""
+        state = self.state
+        state.recaptures += 1
+        state.graphs, state.eager_runs, state.pool = {}, {}, None
+        state.lr_tensors, state.frozen = [], []
+        if state.recaptures > MAX_KEYS:
+            state.disabled = f"a setting the graph reads as a constant (learning rate, betas, momentum) changed more than {MAX_KEYS} times"
+            self._warn(state.disabled)
 
     def _settings_unchanged(self) -> bool:
         return all(g[k] is v or g[k] == v for g, k, v in self.state.frozen)
