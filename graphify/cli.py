@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def get_analyzer() -> Analyzer:
-    from graphify.analysis.engine import analyze_source
+    from graphify.engine import analyze_source
 
     return analyze_source
 
@@ -55,31 +55,47 @@ def get_analyzer() -> Analyzer:
     "--format", "--output-format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True, help="Output format."
 )
 @click.option("--select", metavar="CODES", help="Rules to check: codes, prefixes (GFY0), categories or ALL, comma-separated. Overrides the config.")
+@click.option("--extend-select", metavar="CODES", help="Rules to check in addition to the config's select list.")
 @click.option("--ignore", metavar="CODES", help="Rules to skip, comma-separated; added to the config's ignore list.")
+@click.option("--config", "config_file", metavar="PATH", help="Read [tool.graphify] from this pyproject.toml instead of the nearest one.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when breakers are found (file errors still exit 2).")
-@click.option("--statistics", is_flag=True, help="Print how many breakers of each rule instead of the breakers.")
+@click.option("--statistics", is_flag=True, help="Print how many breakers of each rule instead of the breakers (text or json).")
+@click.option("-o", "--output-file", metavar="PATH", help="Write the report to PATH instead of standard output.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors; the exit code still tells.")
+@click.option("--color/--no-color", default=None, help="Colour the text report (default: when writing to a terminal, unless NO_COLOR is set).")
+@click.option("--stdin-filename", metavar="PATH", help="The path to report for source read from standard input (`-`).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Worker processes (default: CPU count).")
 @click.option("--force-exclude", is_flag=True, help="Apply exclude / extend-exclude to files named on the command line too.")
 def check(
     paths: tuple[str, ...],
     fmt: str,
     select: str | None,
+    extend_select: str | None,
     ignore: str | None,
+    config_file: str | None,
     exit_zero: bool,
     statistics: bool,
+    output_file: str | None,
+    quiet: bool,
+    color: bool | None,
+    stdin_filename: str | None,
     jobs: int | None,
     force_exclude: bool,
 ) -> None:
-    """Report CUDA-graph breakers in the training and inference loops of PATHS (default: .)."""
-    from graphify.config import ConfigError, load_settings, split_selectors
+    """Report CUDA-graph breakers in the training and inference loops of PATHS (default: .; `-`: standard input)."""
+    from graphify.config import ConfigError, load_settings, load_settings_from, split_selectors
 
     paths = paths or (".",)
+    if statistics and fmt not in ("text", "json"):
+        raise click.UsageError(f"--statistics prints text or json, not {fmt}")
     try:
-        settings = load_settings(paths).with_cli(split_selectors(select), split_selectors(ignore))
+        settings = load_settings_from(config_file) if config_file else load_settings([stdin_filename or "."] if paths == ("-",) else paths)
+        settings = settings.with_cli(split_selectors(select), split_selectors(ignore), split_selectors(extend_select))
     except ConfigError as exc:
         _fail(str(exc))
+    output = Output(output_file, quiet, color)
     try:
-        code = _check(paths, settings, fmt, exit_zero, statistics, jobs or os.cpu_count() or 1, force_exclude)
+        code = _check(paths, settings, fmt, exit_zero, statistics, jobs or os.cpu_count() or 1, force_exclude, output, stdin_filename)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # a bug of ours: one line, not a traceback (GRAPHIFY_DEBUG=1 shows it)
@@ -89,23 +105,50 @@ def check(
     sys.exit(code)
 
 
-def _check(paths, settings, fmt, exit_zero, statistics, jobs, force_exclude) -> int:
+class Output:
+    """Where the report goes: standard output, a file (-o), or nowhere (-q); and whether it is coloured."""
+
+    def __init__(self, path: str | None, quiet: bool, color: bool | None) -> None:
+        self.path, self.quiet, self.color = path, quiet, color
+
+    def colored(self, fmt: str, statistics: bool) -> bool:
+        if fmt != "text" or statistics or self.path:
+            return False
+        return self.color if self.color is not None else _want_color(sys.stdout)
+
+    def write(self, text: str) -> None:
+        if self.quiet:
+            return
+        if self.path is None:
+            _write(sys.stdout, text)
+            return
+        try:
+            with open(self.path, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            _fail(f"cannot write {self.path}: {exc.strerror or exc}")
+
+
+def _check(paths, settings, fmt, exit_zero, statistics, jobs, force_exclude, output, stdin_filename=None) -> int:
     from graphify.files import discover
     from graphify.model import Report
     from graphify.reporters import render
 
-    files, errors = discover(paths, settings, force_exclude=force_exclude)
+    stdin = "-" in paths
+    files, errors = discover([p for p in paths if p != "-"], settings, force_exclude=force_exclude) if len(paths) > stdin else ([], [])
     report = Report(errors=list(errors))
-    if files:
+    if files or stdin:
         try:
             analyzer = get_analyzer()
         except ImportError as exc:
             _fail(f"internal error: the analysis engine cannot be imported ({exc})")
-        report.extend(analyze_files(files, settings, analyzer, jobs))
+        if files:
+            report.extend(analyze_files(files, settings, analyzer, jobs))
+        if stdin:
+            report.extend(analyzer(sys.stdin.read(), stdin_filename or "-", settings))
     report.errors.sort(key=lambda e: e.path)
 
-    color = fmt == "text" and not statistics and _want_color(sys.stdout)
-    _write(sys.stdout, render(report, fmt, color=color, statistics=statistics))
+    output.write(render(report, fmt, color=output.colored(fmt, statistics), statistics=statistics))
     for e in report.errors:
         _write(sys.stderr, error_line(e.path, e.message) + "\n")
     if report.errors:
@@ -276,11 +319,11 @@ def rule_command(code: str) -> None:
 
 
 # --- rewrite -------------------------------------------------------------------------------------
-from graphify.rewrite.cli import register as _register_rewrite  # noqa: E402  (click only; the work is imported lazily)
+from graphify.commands.rewrite import register as _register_rewrite  # noqa: E402  (click only; the work is imported lazily)
 
 _register_rewrite(cli)
 
 # --- verify --------------------------------------------------------------------------------------
-from graphify.verify.cli import register as _register_verify  # noqa: E402  (click only; the work is imported lazily)
+from graphify.commands.verify import register as _register_verify  # noqa: E402  (click only; the work is imported lazily)
 
 _register_verify(cli)

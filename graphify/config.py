@@ -74,9 +74,13 @@ class Settings:
         rel = relative_to_root(path, self.root)
         return any(glob_matches(p, rel, is_dir, parents) for p in patterns)
 
-    def with_cli(self, select: Sequence[str] | None = None, ignore: Sequence[str] | None = None) -> "Settings":
-        """Apply --select / --ignore on top of the config (see the module docstring)."""
+    def with_cli(self, select: Sequence[str] | None = None, ignore: Sequence[str] | None = None,
+                 extend_select: Sequence[str] | None = None) -> "Settings":
+        """Apply --select / --extend-select / --ignore on top of the config (see the module docstring)."""
         new = replace(self)
+        if extend_select is not None:
+            _check_selectors(extend_select, "--extend-select")
+            new.select = [*new.select, *extend_select]
         if select is not None:
             _check_selectors(select, "--select")
             new.select = list(select)
@@ -95,6 +99,16 @@ def split_selectors(value: str | None) -> list[str] | None:
 
 
 # --- loading -------------------------------------------------------------------------------------
+
+
+def load_settings_from(config: str) -> Settings:
+    """Settings from the [tool.graphify] table of a given pyproject.toml (--config PATH)."""
+    if not os.path.isfile(config):
+        raise ConfigError(f"{config}: no such file")
+    table = _graphify_table(config)
+    if table is None:
+        raise ConfigError(f"{config}: no [tool.graphify] table")
+    return settings_from_table(table, config)
 
 
 def load_settings(paths: Sequence[str]) -> Settings:

@@ -1,4 +1,5 @@
-"""`# graphify: ignore[GFY001, GFY511]` and bare `# graphify: ignore` comments.
+"""`# graphify: ignore[GFY001, GFY511]`, bare `# graphify: ignore`, `# noqa: GFY001` and
+`# graphify: ignore-file` comments.
 
 * A trailing comment applies to its own line.
 * A comment on a line of its own applies to the next line of code (blank and comment lines are
@@ -8,6 +9,9 @@
   statement's header (`for ...:`, `with ...:`) is a statement of its own: its body is not covered.
 * Codes may be full codes or prefixes (`GFY0`); free text may follow the brackets
   (`# graphify: ignore[GFY006] -- logged once per epoch on purpose`).
+* `# noqa: GFY001, E501` is read as `# graphify: ignore[GFY001]` (its GFY codes only; a bare `# noqa`
+  or one without GFY codes is left to the other linters).
+* `# graphify: ignore-file` anywhere in a file suppresses every diagnostic in it.
 
 Comments are found with the tokenize module, so `"# graphify: ignore"` inside a string is not a
 suppression. Sources that never mention `graphify:` are not tokenized at all, and the others only
@@ -20,7 +24,10 @@ import io
 import re
 import tokenize
 
-_DIRECTIVE = re.compile(r"#\s*graphify:\s*ignore\b(?:\s*\[([^\]]*)\])?")
+_DIRECTIVE = re.compile(r"#\s*graphify:\s*ignore\b(?!-)(?:\s*\[([^\]]*)\])?")
+_NOQA = re.compile(r"#\s*noqa\s*:\s*([A-Za-z0-9_, ]+)", re.I)
+_NOQA_GFY = re.compile(r"noqa\s*:[^\n]*GFY", re.I)  # a cheap test before tokenizing
+_FILE = re.compile(r"#\s*graphify:\s*ignore-file\b")
 _ALL = "ALL"
 _SKIP = frozenset({tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING})
 
@@ -33,7 +40,7 @@ class Suppressions:
         self._by_line: dict[int, frozenset[str]] | None = None if source is not None else {}
 
     def suppressed(self, code: str, line: int) -> bool:
-        codes = self.by_line.get(line)
+        codes = self.by_line.get(line) or self.by_line.get(0)
         if not codes:
             return False
         return _ALL in codes or any(code.startswith(c) for c in codes)
@@ -51,15 +58,23 @@ class Suppressions:
 
 
 def parse_suppressions(source: str) -> Suppressions:
-    if "graphify:" not in source:
+    if "graphify:" not in source and not _NOQA_GFY.search(source):
         return Suppressions()
     return Suppressions(source)
 
 
-def _codes(match: re.Match) -> frozenset[str]:
-    if match.group(1) is None:
-        return frozenset({_ALL})
-    return frozenset(c.strip().upper() for c in match.group(1).split(",") if c.strip())
+def _directive(comment: str) -> frozenset[str] | None:
+    """The codes a comment suppresses, or None when it is no suppression of graphify's."""
+    m = _DIRECTIVE.search(comment)
+    if m is not None:
+        if m.group(1) is None:
+            return frozenset({_ALL})
+        return frozenset(c.strip().upper() for c in m.group(1).split(",") if c.strip())
+    m = _NOQA.search(comment)
+    if m is not None:
+        codes = frozenset(c.strip().upper() for c in m.group(1).split(",") if c.strip().upper().startswith("GFY"))
+        return codes or None
+    return None
 
 
 def _scan(source: str) -> dict[int, frozenset[str]]:
@@ -77,10 +92,11 @@ def _scan(source: str) -> dict[int, frozenset[str]]:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
             ttype = tok.type
             if ttype == tokenize.COMMENT:
-                m = _DIRECTIVE.search(tok.string)
-                if m is None:
+                if _FILE.search(tok.string):
+                    return {0: frozenset({_ALL})}  # line 0: the whole file
+                codes = _directive(tok.string)
+                if codes is None:
                     continue
-                codes = _codes(m)
                 if not tok.line[: tok.start[1]].strip():  # a comment on a line of its own
                     pending |= codes
                 else:

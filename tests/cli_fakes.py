@@ -1,4 +1,4 @@
-"""A stand-in for graphify.analysis.engine.analyze_source with the same contract, for the CLI tests.
+"""A stand-in for graphify.engine.analyze_source with the same contract, for the CLI tests.
 
 It finds "loops" (lines starting with `for `), reports `NAME.item()` as GFY001 (rewritable) and
 `torch.nonzero(` as GFY008 (not rewritable) inside them, honours settings and suppressions like the

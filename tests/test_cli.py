@@ -54,7 +54,7 @@ def test_clean_file_exits_0(project):
     write(project / "clean.py", CLEAN_SCRIPT)
     result = run("check", "clean.py")
     assert result.exit_code == 0, result.output
-    assert result.stdout == "clean.py:3: train loop in main(): capturable\n\n1 loop, 1 capturable, 0 capturable after rewrite, 0 breakers\n"
+    assert result.stdout == "clean.py:3: train loop in main(): capturable\n\n1 loop, 1 capturable, 0 capturable after rewrite, 0 not capturable, 0 breakers\n"
     assert result.stderr == ""
 
 
@@ -69,7 +69,7 @@ def test_findings_exit_1_and_text_output(project):
         "      |              ^^^^^^^^^^^\n"
         "  fix: do something else\n"
         "\n"
-        "1 loop, 0 capturable, 1 capturable after rewrite, 1 breaker\n"
+        "1 loop, 0 capturable, 1 capturable after rewrite, 0 not capturable, 1 breaker\n"
     )
 
 
@@ -199,7 +199,7 @@ def test_bad_input(project):
         assert sum(line.startswith(message) for line in lines) == 1, (message, lines)
     # The good file is still checked and reported.
     assert "good.py:6:14: GFY001" in result.stdout
-    assert result.stdout.endswith("1 loop, 0 capturable, 1 capturable after rewrite, 1 breaker, 6 errors\n")
+    assert result.stdout.endswith("1 loop, 0 capturable, 1 capturable after rewrite, 0 not capturable, 1 breaker, 6 errors\n")
 
 
 def test_bad_input_json_lists_errors(project):
@@ -311,7 +311,7 @@ def _engine_available() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _engine_available(), reason="graphify.analysis.engine not there yet")
+@pytest.mark.skipif(not _engine_available(), reason="graphify.engine not there yet")
 def test_real_engine_bad_input(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     expected = make_bad_inputs(tmp_path)
@@ -360,3 +360,55 @@ def test_no_color_env(monkeypatch):
     assert cli._want_color(tty) is False
     monkeypatch.setenv("NO_COLOR", "")
     assert cli._want_color(tty) is True
+
+
+# --- the conventions of ruff ---------------------------------------------------------------------
+
+
+def test_stdin_is_checked_under_its_given_name(project):
+    result = CliRunner().invoke(cli.cli, ["check", "-", "--stdin-filename", "train.py"], input=BAD_SCRIPT)
+    assert result.exit_code == 1, result.output
+    assert result.stdout.startswith("train.py:")
+
+
+def test_quiet_prints_nothing_and_keeps_the_exit_code(project):
+    write(project / "bad.py", BAD_SCRIPT)
+    result = run("check", "--quiet", "bad.py")
+    assert result.exit_code == 1 and result.stdout == ""
+
+
+def test_output_file_gets_the_report(project):
+    write(project / "bad.py", BAD_SCRIPT)
+    result = run("check", "-o", "report.json", "--format", "json", "bad.py")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert json.loads((project / "report.json").read_text())["diagnostics"]
+
+
+def test_color_can_be_forced_either_way(project):
+    write(project / "bad.py", BAD_SCRIPT)
+    assert "\x1b[" in run("check", "--color", "bad.py").stdout
+    assert "\x1b[" not in run("check", "--no-color", "bad.py").stdout
+
+
+def test_extend_select_and_config_path(project):
+    write(project / "bad.py", BAD_SCRIPT)
+    write(project / "conf" / "pyproject.toml", '[tool.graphify]\nselect = ["GFY5"]\n')
+    narrowed = run("check", "--config", "conf/pyproject.toml", "bad.py")
+    widened = run("check", "--config", "conf/pyproject.toml", "--extend-select", "GFY0", "bad.py")
+    assert "GFY001" not in narrowed.stdout and "GFY001" in widened.stdout
+    missing = run("check", "--config", "nope.toml", "bad.py")
+    assert missing.exit_code == 2 and "nope.toml" in missing.stderr
+
+
+def test_statistics_refuses_formats_it_cannot_print(project):
+    write(project / "bad.py", BAD_SCRIPT)
+    result = run("check", "--statistics", "--format", "sarif", "bad.py")
+    assert result.exit_code == 2 and "--statistics prints text or json" in result.stderr
+
+
+def test_python_reports_the_syntax_error(tmp_path):
+    """The real engine reports Python's own message and line, not the parser's token list."""
+    path = write(tmp_path / "broken.py", "import torch\nfor x in y:\n    x.backward(\n\nz = 2\n")
+    result = CliRunner().invoke(cli.cli, ["check", str(path)])
+    assert result.exit_code == 2
+    assert "syntax error at line 3, column 15: '(' was never closed" in result.stderr

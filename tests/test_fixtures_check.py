@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from fixture_cases import cases, expectations
 
-from graphify.analysis.engine import analyze_source
+from graphify.engine import analyze_source
 from graphify.files import discover, read_source
 
 

@@ -110,7 +110,7 @@ def test_golden(name):
 def test_text_without_sources_and_empty_report():
     out = text.render(sample_report(), source_lines=lambda p: None)
     assert "   5 |" not in out and "train.py:5:18: GFY001 `loss.item()` waits for the GPU\n  fix: read it after the step" in out
-    assert text.render(Report()) == "0 loops, 0 capturable, 0 capturable after rewrite, 0 breakers\n"
+    assert text.render(Report()) == "0 loops, 0 capturable, 0 capturable after rewrite, 0 not capturable, 0 breakers\n"
 
 
 def test_text_reads_sources_from_disk(tmp_path, monkeypatch):

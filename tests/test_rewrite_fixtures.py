@@ -10,7 +10,7 @@ import libcst as cst
 import pytest
 from fixture_cases import REWRITE, cases, entry_script, expectations
 
-from graphify.analysis.engine import analyze_source
+from graphify.engine import analyze_source
 from graphify.rewrite import rewrite_source
 
 UPDATE = os.environ.get("GRAPHIFY_UPDATE_FIXTURES") == "1"

@@ -167,3 +167,19 @@ def test_tokenized_lazily_and_once(monkeypatch):
     assert s.suppressed("GFY001", 1)
     assert s.suppressed("GFY002", 1)
     assert calls == [1]
+
+
+def test_noqa_with_graphify_codes_is_an_alias_and_others_are_left_alone():
+    from graphify.suppressions import parse_suppressions
+
+    s = parse_suppressions("x = 1  # noqa: GFY001, E501\ny = 2  # noqa\nz = 3  # noqa: E501\n")
+    assert s.suppressed("GFY001", 1) and not s.suppressed("GFY002", 1)
+    assert not s.suppressed("GFY001", 2) and not s.suppressed("GFY001", 3)
+
+
+def test_ignore_file_suppresses_every_line():
+    from graphify.suppressions import parse_suppressions
+
+    s = parse_suppressions("import torch\n# graphify: ignore-file\nx = 1\n\n\ny = 2\n")
+    assert s.suppressed("GFY001", 3) and s.suppressed("GFY611", 6)
+    assert not parse_suppressions("x = 1  # graphify: ignore-files-please\n").suppressed("GFY001", 1)

@@ -8,16 +8,9 @@ from typing import Iterator
 
 import libcst as cst
 
-from graphify.analysis.discovery import (
-    Loop,
-    Site,
-    is_model_call,
-    is_optimizer_step,
-    is_step_op,
-    iter_nodes,
-    method_call,
-    unwrap_iterable,
-)
+from graphify.analysis.calls import is_model_call, is_optimizer_step, is_step_op, iter_nodes, method_call
+from graphify.analysis.region import Loop, Site
+from graphify.analysis.targets import unwrap_iterable
 from graphify.analysis.names import dotted
 from graphify.analysis.program import ModuleInfo
 from graphify.analysis.values import (
@@ -47,6 +40,11 @@ class Finding:
     message: str
     fix: str
     removable: bool | None = None  # None: as the rule says
+
+
+def removable(finding: Finding) -> bool:
+    """Whether `graphify rewrite` removes this breaker (its rule can, and its context does not defeat it)."""
+    return finding.rule.rewritable and finding.removable is not False
 
 
 LOGGING_METHODS = {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterator
 
@@ -12,16 +11,20 @@ from graphify.analysis.names import dotted
 from graphify.analysis.program import FunctionInfo, ModuleInfo
 from graphify.analysis.tree import children
 from graphify.analysis.values import (
-    DDP,
-    ENV,
-    LOADER,
-    LOSS,
-    MODEL,
-    OPTIMIZER,
-    SCALER,
-    SCHEDULER,
     Env,
 )
+from graphify.analysis.calls import (
+    _is_step_like,
+    _iter_nodes,
+    _iter_nodes_all,
+    _mentions_no_grad,
+    is_model_call,
+    is_no_grad_item,
+    is_periodic_gpu_branch,
+    is_step_op,
+)
+from graphify.analysis.region import Block, Loop, Region, Site
+from graphify.analysis.targets import seed_loop_target
 
 MAX_CALL_DEPTH = 4
 RUNTIME_HELPERS = ("graphify.runtime.CapturedStep", "graphify.runtime.GraphedModule")  # what rewrites call
@@ -29,110 +32,9 @@ RUNTIME_HELPERS = ("graphify.runtime.CapturedStep", "graphify.runtime.GraphedMod
 
 def _is_runtime_helper(func: cst.BaseExpression, module: ModuleInfo) -> bool:
     return module.aliases.qualify(func) in RUNTIME_HELPERS
-NO_GRAD = ("no_grad", "inference_mode")
+
 LOOPS = (cst.For, cst.While)
 _SKIP = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-
-
-@dataclass
-class Block:
-    """Statements run by one iteration: the loop body, or the body of a function it calls."""
-
-    func: FunctionInfo
-    env: Env
-    stmts: list[cst.CSTNode]
-    call: cst.Call | None = None  # the call that entered this function; None for the loop body
-    parent: "Block | None" = None  # the block holding that call
-
-    @property
-    def module(self) -> ModuleInfo:
-        return self.func.module
-
-
-@dataclass
-class Site:
-    block: Block
-    ancestors: tuple[cst.CSTNode, ...]  # from the block's statements down to the node's parent
-
-    @property
-    def env(self) -> Env:
-        return self.block.env
-
-
-@dataclass
-class Region:
-    loop: cst.For | cst.While
-    func: FunctionInfo
-    nodes: list[tuple[cst.CSTNode, Site]] = field(default_factory=list)
-    blocks: list[Block] = field(default_factory=list)
-
-    @property
-    def body_block(self) -> Block:
-        return self.blocks[0]
-
-    def body_call_of(self, site: Site) -> cst.Call | None:
-        """For a node inside a called function, the call in the loop body that leads to it."""
-        block = site.block
-        while block.parent is not None and block.parent is not self.body_block:
-            block = block.parent
-        return block.call if block.parent is self.body_block else None
-
-
-@dataclass
-class Loop:
-    node: cst.For | cst.While
-    func: FunctionInfo
-    kind: str  # "train" | "inference"
-    region: Region
-    ancestors: tuple[cst.CSTNode, ...] = ()  # enclosing nodes in the module, outermost first
-
-    @property
-    def module(self) -> ModuleInfo:
-        return self.func.module
-
-
-# ---- call classification ---------------------------------------------------------------------
-
-
-def method_call(node: cst.CSTNode) -> tuple[cst.BaseExpression, str] | None:
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-        return node.func.value, node.func.attr.value
-    return None
-
-
-def is_backward(call: cst.Call, env: Env) -> bool:
-    m = method_call(call)
-    if m is not None and m[1] in ("backward", "manual_backward"):
-        return env.kind_of(m[0]) != ENV
-    return env.qualify(call.func) == "torch.autograd.backward"
-
-
-def is_optimizer_step(call: cst.Call, env: Env) -> bool:
-    m = method_call(call)
-    if m is None or m[1] != "step":
-        return False
-    kind = env.kind_of(m[0])
-    return kind == OPTIMIZER or (kind == SCALER and bool(call.args))
-
-
-def is_model_call(call: cst.Call, env: Env) -> bool:
-    if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("forward", "generate"):
-        return env.kind_of(call.func.value) in (MODEL, DDP)
-    return env.kind_of(call.func) in (MODEL, DDP)
-
-
-def is_no_grad_item(expr: cst.BaseExpression, env: Env) -> bool:
-    func = expr.func if isinstance(expr, cst.Call) else expr
-    qual = env.qualify(func) or ""
-    if qual.endswith(NO_GRAD):
-        return True
-    if qual.endswith("set_grad_enabled") and isinstance(expr, cst.Call) and expr.args:
-        return dotted(expr.args[0].value) == "False"
-    return False
-
-
-def is_step_op(node: cst.CSTNode, env: Env) -> bool:
-    return isinstance(node, cst.Call) and (is_backward(node, env) or is_optimizer_step(node, env))
 
 
 def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -462,115 +364,3 @@ class ModuleAnalysis:
         return False
 
 
-def is_periodic_gpu_branch(node: cst.If, env: Env) -> bool:
-    if env._tensor(node.test, 0) is True:
-        return False
-    for sub in _iter_nodes(node.body):
-        if isinstance(sub, cst.Call):
-            if is_step_op(sub, env):
-                return False
-    for sub in _iter_nodes(node.body):
-        if isinstance(sub, cst.With) and any(is_no_grad_item(i.item, env) for i in sub.items):
-            return True
-        m = method_call(sub)
-        if m is not None and m[1] == "eval" and env.kind_of(m[0]) in (MODEL, DDP):
-            return True
-        if isinstance(sub, cst.Call) and isinstance(sub.func, cst.Name) and sub.func.value.startswith(("eval", "valid", "test", "estimate", "sample", "generate")):
-            return True
-    return False
-
-
-def _is_step_like(node: cst.CSTNode) -> bool:
-    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("backward", "step", "manual_backward")
-
-
-def _mentions_no_grad(node: cst.With | cst.FunctionDef) -> bool:
-    parts = [i.item for i in node.items] if isinstance(node, cst.With) else [d.decorator for d in node.decorators]
-    return any(isinstance(n, (cst.Name, cst.Attribute)) and (n.value if isinstance(n, cst.Name) else n.attr.value) in ("no_grad", "inference_mode", "set_grad_enabled")
-               for p in parts for n in _iter_nodes(p))
-
-
-def _iter_nodes_all(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        stack.extend(children(n))
-
-
-def _iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        if not isinstance(n, _SKIP):
-            stack.extend(children(n))
-
-
-def iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    return _iter_nodes(node)
-
-
-def unwrap_iterable(expr: cst.BaseExpression, env: Env) -> cst.BaseExpression:
-    """`tqdm(loader, ...)`, `iter(loader)`, `islice(loader, n)` -> `loader`."""
-    while isinstance(expr, cst.Call) and expr.args:
-        name = (env.qualify(expr.func) or "").rsplit(".", 1)[-1]
-        if name in ("tqdm", "iter", "islice", "track", "progress", "prefetch", "reversed", "sorted", "list"):
-            expr = expr.args[0].value
-        else:
-            break
-    return expr
-
-
-def seed_loop_target(target: cst.BaseExpression, it: cst.BaseExpression, env: Env, seeds: dict[str, bool]) -> None:
-    it = unwrap_iterable(it, env)
-    name = dotted(target)
-    if isinstance(it, cst.Call):
-        fname = (env.qualify(it.func) or "").rsplit(".", 1)[-1]
-        if fname in ("range", "trange"):
-            if name:
-                seeds[name] = False
-            return
-        if fname == "enumerate" and it.args and isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2:
-            first = dotted(target.elements[0].value)
-            if first:
-                seeds[first] = False
-            seed_loop_target(target.elements[1].value, it.args[0].value, env, seeds)
-            return
-        if fname == "zip" and isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == len(it.args):
-            for el, arg in zip(target.elements, it.args):
-                seed_loop_target(el.value, arg.value, env, seeds)
-            return
-        if fname in ("items", "keys", "values", "named_parameters", "named_modules", "named_children", "modules", "children", "param_groups"):
-            for n in _target_leaves(target):
-                seeds.setdefault(n, False)
-            return
-        if fname in ("parameters", "buffers"):
-            for n in _target_leaves(target):
-                seeds[n] = True
-            return
-    if isinstance(it, (cst.List, cst.Tuple, cst.Set)) or dotted(it) in ("self.param_groups",) or (
-        isinstance(it, cst.Attribute) and it.attr.value == "param_groups"
-    ):
-        for n in _target_leaves(target):
-            seeds.setdefault(n, False)
-        return
-    iterable = dotted(it)
-    kind = env.kind_of(it) if iterable else None
-    if kind in (LOADER, None) and env._tensor(it, 0) is not False:
-        for n in _target_leaves(target):
-            seeds[n] = True
-
-
-def _target_leaves(target: cst.BaseExpression) -> list[str]:
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for el in target.elements for n in _target_leaves(el.value)]
-    name = dotted(target)
-    return [name] if name else []
-
-
-__all__ = [
-    "Block", "Site", "Region", "Loop", "ModuleAnalysis", "is_backward", "is_optimizer_step", "is_model_call",
-    "is_no_grad_item", "is_step_op", "method_call", "is_periodic_gpu_branch", "iter_nodes",
-    "LOADER", "LOSS", "MODEL", "OPTIMIZER", "SCALER", "SCHEDULER", "DDP",
-]

@@ -11,7 +11,8 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from graphify.analysis.names import Aliases
 from graphify.analysis.tree import children
-from graphify.analysis.values import Env, Scope, collect_scope
+from graphify.analysis.scope import Scope, collect_scope
+from graphify.analysis.values import Env
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Iterator
 import libcst as cst
 
 from graphify.analysis.checker import is_logging_call
-from graphify.analysis.discovery import is_model_call, is_step_op, method_call
+from graphify.analysis.calls import is_model_call, is_step_op, method_call
 from graphify.analysis.tree import children
 from graphify.analysis.values import MODEL, OPTIMIZER, SCALER, Env, is_torch_tensor_call
 

@@ -9,26 +9,10 @@ from __future__ import annotations
 
 import importlib
 
-from graphify.model import Diagnostic, LoopReport, Report
+from graphify.model import Report
+from graphify.reporters.common import REPOSITORY_URL, rule_url  # noqa: F401  (re-exported)
 
 FORMATS = ("text", "json", "sarif", "github")
-
-# Where a rule's documentation is published (docs/rules/CODE.md in the repository).
-REPOSITORY_URL = "https://github.com/graphify/graphify"
-RULE_DOC_URL = REPOSITORY_URL + "/blob/main/docs/rules/{code}.md"
-
-
-def rule_url(code: str) -> str:
-    return RULE_DOC_URL.format(code=code)
-
-
-def sorted_diagnostics(report: Report) -> list[Diagnostic]:
-    return sorted(report.diagnostics, key=Diagnostic.sort_key)
-
-
-def sorted_loops(report: Report) -> list[LoopReport]:
-    return sorted(report.loops, key=lambda lp: (lp.path, lp.line))
-
 
 def render(report: Report, fmt: str, *, color: bool = False, statistics: bool = False) -> str:
     """The whole output of `graphify check` for `fmt` (or its `--statistics` table)."""

@@ -9,7 +9,7 @@ analysed give `::error file=...,title=graphify::message`.
 from __future__ import annotations
 
 from graphify.model import Report, Severity
-from graphify.reporters import sorted_diagnostics
+from graphify.reporters.common import sorted_diagnostics
 
 _COMMAND = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 

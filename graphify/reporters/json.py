@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 from graphify.model import Diagnostic, LoopReport, Report
-from graphify.reporters import sorted_diagnostics, sorted_loops
+from graphify.reporters.common import sorted_diagnostics, sorted_loops
 
 VERSION = 1
 

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from graphify import __version__
 from graphify.model import Report, Rule, Severity
-from graphify.reporters import REPOSITORY_URL, rule_url, sorted_diagnostics
+from graphify.reporters.common import REPOSITORY_URL, rule_url, sorted_diagnostics
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}

@@ -6,7 +6,7 @@
           |                  ^^^^^^^^^^^
       fix: accumulate on the GPU: `total += loss.detach()`
 
-    2 loops, 1 capturable, 0 capturable after rewrite, 1 breaker
+    2 loops, 1 capturable, 0 capturable after rewrite, 1 not capturable, 1 breaker
 
 File errors are not listed here (the CLI prints them to stderr); only counted in the summary.
 """
@@ -17,7 +17,7 @@ import re
 from typing import Callable
 
 from graphify.model import Diagnostic, LoopReport, Report, Severity, Verdict
-from graphify.reporters import sorted_diagnostics, sorted_loops
+from graphify.reporters.common import sorted_diagnostics, sorted_loops
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")  # Python's own line breaks (str.splitlines also splits on \f, \v...)
 
@@ -75,6 +75,7 @@ def summary(report: Report) -> str:
         f"{verdicts.count(Verdict.CAPTURABLE)} capturable",
         f"{verdicts.count(Verdict.AFTER_REWRITE)} capturable after rewrite",
         *([f"{verdicts.count(Verdict.PARTIAL)} partially capturable"] if Verdict.PARTIAL in verdicts else []),
+        f"{verdicts.count(Verdict.NOT_CAPTURABLE)} not capturable",
         _plural(len(report.diagnostics), "breaker"),
     ]
     if report.errors:

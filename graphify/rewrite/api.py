@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from graphify.analysis.engine import analyze_module
+from graphify.engine import analyze_module
 from graphify.analysis.statements import names_written
 from graphify.model import FileError, Verdict
 from graphify.rewrite.emit import CAPTURED_STEP, GRAPHED_MODULE, RUNTIME_MODULE, Emission, Rewriter
-from graphify.rewrite.names import fresh_name
-from graphify.rewrite.plan import PartialPlan
+from graphify.plan.names import fresh_name
+from graphify.plan import PartialPlan
 
 
 @dataclass

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from graphify.rewrite.plan import PartialPlan, Plan
+from graphify.plan import PartialPlan, Plan
 
 RUNTIME_MODULE = "graphify.runtime"
 CAPTURED_STEP, GRAPHED_MODULE = "CapturedStep", "GraphedModule"

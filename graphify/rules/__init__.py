@@ -5,28 +5,9 @@ from __future__ import annotations
 from importlib import resources
 from typing import Iterable
 
-from graphify.model import Rule, Severity
+from graphify.model import Rule
 
-CATEGORIES = (
-    "host-sync",
-    "data-dependent-branch",
-    "in-loop-allocation",
-    "cross-device",
-    "dynamic-shape",
-    "non-capturable-optimizer",
-    "lr-scheduler",
-    "amp-grad-scaler",
-    "host-branch",
-    "logging-io",
-    "rng",
-    "distributed",
-    "rewrite-safety",
-)
-
-
-def rule(code: str, name: str, category: str, severity: str, summary: str, rewritable: bool) -> Rule:
-    assert category in CATEGORIES, category
-    return Rule(code, name, category, Severity(severity), summary, rewritable)
+from graphify.rules.registry import CATEGORIES, rule  # noqa: F401  (re-exported)
 
 
 def families():

@@ -2,8 +2,8 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of
-from graphify.analysis.discovery import iter_nodes
-from graphify.rules import rule
+from graphify.analysis.calls import iter_nodes
+from graphify.rules.registry import rule
 
 HOST_DATA = rule("GFY201", "tensor-from-host-data", "in-loop-allocation", "error", "`torch.tensor`/`as_tensor`/`from_numpy` of host data: the value is frozen at capture", True)
 FACTORY_HOST_ARGS = rule("GFY202", "factory-with-step-values", "in-loop-allocation", "error", "a tensor factory whose size or fill value changes per step is frozen at capture", False)

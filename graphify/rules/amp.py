@@ -2,10 +2,10 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of, kwarg
-from graphify.analysis.discovery import method_call
+from graphify.analysis.calls import method_call
 from graphify.analysis.names import dotted
 from graphify.analysis.values import SCALER
-from graphify.rules import rule
+from graphify.rules.registry import rule
 
 SCALER_STEP = rule("GFY421", "grad-scaler-step", "amp-grad-scaler", "error", "`GradScaler.step` reads `found_inf` on the host; `update` must run where `step` runs", True)
 AUTOCAST_CACHE = rule("GFY422", "autocast-cache", "amp-grad-scaler", "warning", "`autocast` inside a captured step needs `cache_enabled=False`", True)

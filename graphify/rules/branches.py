@@ -2,7 +2,7 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of
-from graphify.rules import rule
+from graphify.rules.registry import rule
 
 IF_TENSOR = rule("GFY101", "tensor-condition", "data-dependent-branch", "error", "`if`/`while` on a tensor value: the graph records only the branch taken at capture", False)
 ASSERT_TENSOR = rule("GFY102", "tensor-assert", "data-dependent-branch", "error", "`assert` on a tensor value syncs, and is not re-checked on replay", False)

@@ -2,10 +2,11 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of, is_cpu_arg, is_device_arg, kwarg
-from graphify.analysis.discovery import method_call
+from graphify.analysis.calls import method_call
 from graphify.analysis.names import dotted
-from graphify.analysis.values import DDP, LOSS, MODEL, collect_scope
-from graphify.rules import rule
+from graphify.analysis.scope import collect_scope
+from graphify.analysis.values import DDP, LOSS, MODEL
+from graphify.rules.registry import rule
 
 STEP_INPUT_COPY = rule("GFY301", "per-step-device-copy", "cross-device", "error", "`.to(device)`/`.cuda()` of per-step data reads a host address that replay never refreshes", True)
 HOST_TENSOR_COPY = rule("GFY302", "host-tensor-moved-in-step", "cross-device", "error", "a tensor created on the host inside the step is copied to the device", False)

@@ -2,9 +2,9 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of
-from graphify.analysis.discovery import method_call
+from graphify.analysis.calls import method_call
 from graphify.analysis.values import DDP
-from graphify.rules import rule
+from graphify.rules.registry import rule
 
 COLLECTIVE = rule("GFY611", "collective-in-step", "distributed", "error", "`torch.distributed` collectives and barriers need NCCL capture setup", False)
 NO_SYNC = rule("GFY612", "ddp-no-sync", "distributed", "error", "DDP `no_sync()` switches gradient sync per step on the host", False)

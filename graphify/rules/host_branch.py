@@ -2,15 +2,10 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of
-from graphify.analysis.discovery import (
-    is_optimizer_step,
-    is_periodic_gpu_branch,
-    iter_nodes,
-    method_call,
-)
+from graphify.analysis.calls import is_optimizer_step, is_periodic_gpu_branch, iter_nodes, method_call
 from graphify.analysis.statements import does_gpu_work
 from graphify.analysis.values import MODEL, OPTIMIZER, SCALER
-from graphify.rules import rule
+from graphify.rules.registry import rule
 
 ACCUMULATION = rule("GFY501", "gradient-accumulation-branch", "host-branch", "error", "an optimizer step or `zero_grad` under a step-counter condition (gradient accumulation)", True)
 PERIODIC_WORK = rule("GFY502", "periodic-gpu-work", "host-branch", "warning", "evaluation or other GPU work under a step-counter condition", True)

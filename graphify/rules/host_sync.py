@@ -8,9 +8,9 @@ from graphify.analysis.checker import (
     is_true,
     kwarg,
 )
-from graphify.analysis.discovery import method_call
+from graphify.analysis.calls import method_call
 from graphify.analysis.values import DDP, LOSS, MODEL
-from graphify.rules import rule
+from graphify.rules.registry import rule
 
 ITEM = rule("GFY001", "tensor-item", "host-sync", "error", "`.item()` on a tensor copies it to the host and waits for the GPU", True)
 TOLIST = rule("GFY002", "tensor-tolist", "host-sync", "error", "`.tolist()` on a tensor copies it to the host and waits for the GPU", True)

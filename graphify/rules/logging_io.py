@@ -2,8 +2,8 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of, is_logging_call
-from graphify.analysis.discovery import method_call
-from graphify.rules import rule
+from graphify.analysis.calls import method_call
+from graphify.rules.registry import rule
 
 LOGGING = rule("GFY511", "host-logging-in-step", "logging-io", "warning", "print, logging, progress bars and metric loggers run only once, at capture", True)
 CHECKPOINT = rule("GFY512", "file-io-in-step", "logging-io", "warning", "`torch.save` and file writes in the step run only once, at capture", True)

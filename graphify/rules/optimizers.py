@@ -2,9 +2,9 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of, is_true, kwarg
-from graphify.analysis.discovery import method_call
+from graphify.analysis.calls import method_call
 from graphify.analysis.values import ADAM_FAMILY, NEVER_CAPTURABLE, SCHEDULER
-from graphify.rules import rule
+from graphify.rules.registry import rule
 
 NOT_CAPTURABLE = rule("GFY401", "optimizer-not-capturable", "non-capturable-optimizer", "error", "Adam, AdamW, RMSprop and other optimizers with a `capturable` flag, built without `capturable=True`", True)
 NEVER_CAPTURABLE_RULE = rule("GFY402", "optimizer-without-capture-support", "non-capturable-optimizer", "error", "LBFGS, SparseAdam and optimizers with host-side logic cannot be captured", False)

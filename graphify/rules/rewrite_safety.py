@@ -1,9 +1,9 @@
 """rewrite-safety: why `graphify rewrite` leaves a loop alone when capture would change its training.
 
-These rules are decided by the rewrite planner's dataflow rule (graphify/rewrite/dataflow.py), not by
+These rules are decided by the rewrite planner's dataflow rule (graphify/plan/dataflow.py), not by
 a pattern of their own: `check` reports them where the planner refused a loop.
 """
-from graphify.rules import rule
+from graphify.rules.registry import rule
 
 PER_STEP_HOST_VALUE = rule("GFY701", "per-step-host-value", "rewrite-safety", "error", "the step reads a Python value that changes between steps; capture would freeze it", False)
 HOST_SIDE_EFFECT = rule("GFY702", "host-side-effect-in-step", "rewrite-safety", "error", "the step calls something with host side effects (`next`, `random`, numpy RNG, time, I/O); capture would run it once", False)

@@ -1,6 +1,6 @@
 """rng: random-number state handled on the host."""
 from graphify.analysis.checker import code_of, kwarg
-from graphify.rules import rule
+from graphify.rules.registry import rule
 
 RESEED = rule("GFY601", "rng-state-in-step", "rng", "error", "seeding, or reading/setting RNG state inside the step, is not replayed", False)
 GENERATOR = rule("GFY602", "custom-generator-in-step", "rng", "error", "random ops on a custom `torch.Generator` need it registered with the graph", False)

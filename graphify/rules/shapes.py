@@ -3,7 +3,7 @@ import libcst as cst
 
 from graphify.analysis.checker import code_of, is_true, kwarg
 from graphify.analysis.names import dotted
-from graphify.rules import rule
+from graphify.rules.registry import rule
 
 NO_DROP_LAST = rule("GFY251", "loader-without-drop-last", "dynamic-shape", "warning", "a DataLoader without `drop_last=True` yields a smaller last batch", True)
 VARIABLE_LENGTH = rule("GFY252", "variable-length-batch", "dynamic-shape", "error", "per-batch padding, packing or slicing to a per-step length changes shapes every step", False)

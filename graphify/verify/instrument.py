@@ -14,18 +14,13 @@ from dataclasses import dataclass
 import libcst as cst
 
 from graphify.analysis.checker import Checker
-from graphify.analysis.discovery import (
-    is_backward,
-    is_model_call,
-    is_step_op,
-    method_call,
-)
-from graphify.analysis.engine import LoopAnalysis, analyze_module
+from graphify.analysis.calls import is_backward, is_model_call, is_step_op, method_call
+from graphify.engine import LoopAnalysis, analyze_module
 from graphify.analysis.statements import names_read, names_written, walk
 from graphify.analysis.values import SCHEDULER
 from graphify.model import Verdict
 from graphify.rewrite import rewrite_source
-from graphify.rewrite.plan import body_of
+from graphify.plan import body_of
 
 PROBE = "__graphify_probe__"
 _EMPTY = cst.Module([])

@@ -26,7 +26,7 @@ def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore) 
     """
     from graphify.config import ConfigError, load_settings, split_selectors
     from graphify.files import discover
-    from graphify.rewrite.command import rewrite_files
+    from graphify.commands.rewrite_files import rewrite_files
 
     if verify and not in_place:
         raise click.UsageError("--verify only applies with --in-place")

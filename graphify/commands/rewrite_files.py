@@ -55,19 +55,27 @@ def unified_diff(path: str, before: str, after: str) -> str:
 
 
 def write_atomically(path: str, text: str) -> None:
-    """Replace the file in one step, in its own encoding and with its permissions; never half-written."""
+    """Replace the file in one step, in its own encoding, with its permissions and owner; never
+    half-written, and never a file the user may not write (a read-only file stays as it is)."""
+    if not os.access(path, os.W_OK) or not os.stat(path).st_mode & 0o222:  # root may write anything: go by the mode too
+        raise PermissionError(13, "the file is read-only")
     with open(path, "rb") as f:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(f.read()).readline)
     data = text.encode("utf-8-sig" if encoding == "utf-8-sig" else encoding)
     folder = os.path.dirname(os.path.abspath(path))
-    mode = os.stat(path).st_mode & 0o7777
+    st = os.stat(path)
     fd, tmp = tempfile.mkstemp(prefix=".graphify-", suffix=".py", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, mode)
+        os.chmod(tmp, st.st_mode & 0o7777)
+        if hasattr(os, "chown") and (os.stat(tmp).st_uid, os.stat(tmp).st_gid) != (st.st_uid, st.st_gid):
+            try:
+                os.chown(tmp, st.st_uid, st.st_gid)
+            except PermissionError:  # we may not give the file away: keep it, unwritten, rather than change its owner
+                raise PermissionError(1, "its owner could not be kept") from None
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

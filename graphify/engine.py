@@ -6,12 +6,14 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from graphify.analysis.checker import Checker, Finding
-from graphify.analysis.discovery import Loop, ModuleAnalysis
+from graphify.analysis.checker import Checker, Finding, removable
+from graphify.analysis.discovery import ModuleAnalysis
+from graphify.analysis.region import Loop
 from graphify.analysis.prefilter import might_hold_loops
 from graphify.analysis.program import ModuleInfo, Program
 from graphify.analysis.tree import forget
 from graphify.model import Diagnostic, FileError, LoopReport, Report, Verdict
+from graphify.plan import PARTIAL_OK, PartialPlan, Plan, Refusal, make_partial_plan, make_plan
 from graphify.rules.rewrite_safety import FIXES
 
 
@@ -22,7 +24,7 @@ class LoopAnalysis:
     all_findings: list[Finding] = field(default_factory=list)  # what the rewrite must respect: every finding
     verdict: Verdict = Verdict.CAPTURABLE
     reasons: list[str] = field(default_factory=list)  # rule codes, or why the rewrite cannot capture it
-    plan: object = None  # the rewrite plan, when the loop can be captured
+    plan: Plan | PartialPlan | None = None  # the rewrite plan, when the loop can be captured
 
 
 @dataclass
@@ -42,7 +44,7 @@ def analyze_module(source: str, path: str, settings, program: Program | None = N
     try:
         tree = cst.parse_module(source)
     except cst.ParserSyntaxError as e:
-        report.errors.append(FileError(path, f"syntax error at line {e.raw_line}, column {e.raw_column + 1}: {e.message}"))
+        report.errors.append(FileError(path, _syntax_error(source, path, e)))
         return ModuleResult(None, [], report)
     forget()
     program = program or Program()
@@ -87,13 +89,20 @@ def analyze_module(source: str, path: str, settings, program: Program | None = N
     return ModuleResult(module, results, report)
 
 
-def removable(finding: Finding) -> bool:
-    return finding.rule.rewritable and finding.removable is not False
-
-
 def _module_of(loop: Loop, node: cst.CSTNode) -> ModuleInfo:
     """The module holding a node of the loop's region (a called function may live in a sibling file)."""
     return next((site.block.module for n, site in loop.region.nodes if n is node), loop.module)
+
+
+def _syntax_error(source: str, path: str, error: cst.ParserSyntaxError) -> str:
+    """Python's own message and position ("'(' was never closed"), or libcst's when Python accepts the code."""
+    try:
+        compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as py:
+        return f"syntax error at line {py.lineno}, column {py.offset}: {py.msg}"
+    except ValueError:  # null bytes
+        pass
+    return f"syntax error at line {error.raw_line}, column {error.raw_column + 1}: {error.message}"
 
 
 def _decide(analysis: LoopAnalysis) -> None:
@@ -110,11 +119,9 @@ def _decide(analysis: LoopAnalysis) -> None:
 def _confirm_rewrite(analysis: LoopAnalysis, module: ModuleInfo):
     """A loop is only called capturable if `graphify rewrite` can really capture it; returns the
     planner's refusal, if any."""
-    from graphify.rewrite.plan import Refusal, make_plan
-
     loop = analysis.loop
     try:
-        analysis.plan = make_plan(analysis, loop.func.node if loop.func.node is not None else module.tree)
+        analysis.plan = make_plan(loop, analysis.all_findings, loop.func.node if loop.func.node is not None else module.tree)
     except Refusal as refusal:
         if analysis.verdict != Verdict.NOT_CAPTURABLE:
             analysis.reasons = [refusal.reason]  # else the blocking findings stay the reasons
@@ -129,12 +136,10 @@ def _confirm_rewrite(analysis: LoopAnalysis, module: ModuleInfo):
 def _try_partial(analysis: LoopAnalysis) -> None:
     """A loop that cannot be captured whole only because of its optimizer side may still replay the
     model's forward and backward."""
-    from graphify.rewrite.plan import PARTIAL_OK, Refusal, make_partial_plan
-
     if not set(analysis.reasons) <= PARTIAL_OK:
         return
     try:
-        analysis.plan = make_partial_plan(analysis)
+        analysis.plan = make_partial_plan(analysis.loop, analysis.reasons)
     except Refusal:
         return
     analysis.verdict = Verdict.PARTIAL

@@ -14,7 +14,7 @@ from __future__ import annotations
 import libcst as cst
 
 from graphify.analysis.checker import is_logging_call
-from graphify.analysis.discovery import Site
+from graphify.analysis.region import Site
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import is_host_read_call, names_read, walk
 from graphify.rules.rewrite_safety import HOST_SIDE_EFFECT, MUTATED_STATE, ORDER

@@ -1,0 +1,115 @@
+"""Which calls run a backward pass, an optimizer step or a model; periodic branches; node iteration."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+
+from graphify.analysis.names import dotted
+from graphify.analysis.tree import children
+from graphify.analysis.values import (
+    DDP,
+    ENV,
+    MODEL,
+    OPTIMIZER,
+    SCALER,
+    Env,
+)
+
+NO_GRAD = ("no_grad", "inference_mode")
+_SKIP = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+
+
+def method_call(node: cst.CSTNode) -> tuple[cst.BaseExpression, str] | None:
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        return node.func.value, node.func.attr.value
+    return None
+
+
+def is_backward(call: cst.Call, env: Env) -> bool:
+    m = method_call(call)
+    if m is not None and m[1] in ("backward", "manual_backward"):
+        return env.kind_of(m[0]) != ENV
+    return env.qualify(call.func) == "torch.autograd.backward"
+
+
+def is_optimizer_step(call: cst.Call, env: Env) -> bool:
+    m = method_call(call)
+    if m is None or m[1] != "step":
+        return False
+    kind = env.kind_of(m[0])
+    return kind == OPTIMIZER or (kind == SCALER and bool(call.args))
+
+
+def is_model_call(call: cst.Call, env: Env) -> bool:
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("forward", "generate"):
+        return env.kind_of(call.func.value) in (MODEL, DDP)
+    return env.kind_of(call.func) in (MODEL, DDP)
+
+
+def is_no_grad_item(expr: cst.BaseExpression, env: Env) -> bool:
+    func = expr.func if isinstance(expr, cst.Call) else expr
+    qual = env.qualify(func) or ""
+    if qual.endswith(NO_GRAD):
+        return True
+    if qual.endswith("set_grad_enabled") and isinstance(expr, cst.Call) and expr.args:
+        return dotted(expr.args[0].value) == "False"
+    return False
+
+
+def is_step_op(node: cst.CSTNode, env: Env) -> bool:
+    return isinstance(node, cst.Call) and (is_backward(node, env) or is_optimizer_step(node, env))
+
+
+def is_periodic_gpu_branch(node: cst.If, env: Env) -> bool:
+    if env._tensor(node.test, 0) is True:
+        return False
+    for sub in _iter_nodes(node.body):
+        if isinstance(sub, cst.Call):
+            if is_step_op(sub, env):
+                return False
+    for sub in _iter_nodes(node.body):
+        if isinstance(sub, cst.With) and any(is_no_grad_item(i.item, env) for i in sub.items):
+            return True
+        m = method_call(sub)
+        if m is not None and m[1] == "eval" and env.kind_of(m[0]) in (MODEL, DDP):
+            return True
+        if isinstance(sub, cst.Call) and isinstance(sub.func, cst.Name) and sub.func.value.startswith(("eval", "valid", "test", "estimate", "sample", "generate")):
+            return True
+    return False
+
+
+def _is_step_like(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("backward", "step", "manual_backward")
+
+
+def _mentions_no_grad(node: cst.With | cst.FunctionDef) -> bool:
+    parts = [i.item for i in node.items] if isinstance(node, cst.With) else [d.decorator for d in node.decorators]
+    return any(isinstance(n, (cst.Name, cst.Attribute)) and (n.value if isinstance(n, cst.Name) else n.attr.value) in ("no_grad", "inference_mode", "set_grad_enabled")
+               for p in parts for n in _iter_nodes(p))
+
+
+def _iter_nodes_all(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(children(n))
+
+
+def _iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        if not isinstance(n, _SKIP):
+            stack.extend(children(n))
+
+
+def iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    return _iter_nodes(node)
+
+

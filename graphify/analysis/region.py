@@ -1,0 +1,71 @@
+"""What one iteration of a loop runs: the loop body and the bodies of the functions it calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from graphify.analysis.program import FunctionInfo, ModuleInfo
+from graphify.analysis.values import (
+    Env,
+)
+
+
+@dataclass
+class Block:
+    """Statements run by one iteration: the loop body, or the body of a function it calls."""
+
+    func: FunctionInfo
+    env: Env
+    stmts: list[cst.CSTNode]
+    call: cst.Call | None = None  # the call that entered this function; None for the loop body
+    parent: "Block | None" = None  # the block holding that call
+
+    @property
+    def module(self) -> ModuleInfo:
+        return self.func.module
+
+
+@dataclass
+class Site:
+    block: Block
+    ancestors: tuple[cst.CSTNode, ...]  # from the block's statements down to the node's parent
+
+    @property
+    def env(self) -> Env:
+        return self.block.env
+
+
+@dataclass
+class Region:
+    loop: cst.For | cst.While
+    func: FunctionInfo
+    nodes: list[tuple[cst.CSTNode, Site]] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
+
+    @property
+    def body_block(self) -> Block:
+        return self.blocks[0]
+
+    def body_call_of(self, site: Site) -> cst.Call | None:
+        """For a node inside a called function, the call in the loop body that leads to it."""
+        block = site.block
+        while block.parent is not None and block.parent is not self.body_block:
+            block = block.parent
+        return block.call if block.parent is self.body_block else None
+
+
+@dataclass
+class Loop:
+    node: cst.For | cst.While
+    func: FunctionInfo
+    kind: str  # "train" | "inference"
+    region: Region
+    ancestors: tuple[cst.CSTNode, ...] = ()  # enclosing nodes in the module, outermost first
+
+    @property
+    def module(self) -> ModuleInfo:
+        return self.func.module
+
+

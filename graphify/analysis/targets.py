@@ -1,0 +1,72 @@
+"""What a `for` loop's target holds: items of a loader, an index, a batch dict."""
+
+from __future__ import annotations
+
+
+import libcst as cst
+
+from graphify.analysis.names import dotted
+from graphify.analysis.values import (
+    LOADER,
+    Env,
+)
+
+
+
+def unwrap_iterable(expr: cst.BaseExpression, env: Env) -> cst.BaseExpression:
+    """`tqdm(loader, ...)`, `iter(loader)`, `islice(loader, n)` -> `loader`."""
+    while isinstance(expr, cst.Call) and expr.args:
+        name = (env.qualify(expr.func) or "").rsplit(".", 1)[-1]
+        if name in ("tqdm", "iter", "islice", "track", "progress", "prefetch", "reversed", "sorted", "list"):
+            expr = expr.args[0].value
+        else:
+            break
+    return expr
+
+
+def seed_loop_target(target: cst.BaseExpression, it: cst.BaseExpression, env: Env, seeds: dict[str, bool]) -> None:
+    it = unwrap_iterable(it, env)
+    name = dotted(target)
+    if isinstance(it, cst.Call):
+        fname = (env.qualify(it.func) or "").rsplit(".", 1)[-1]
+        if fname in ("range", "trange"):
+            if name:
+                seeds[name] = False
+            return
+        if fname == "enumerate" and it.args and isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2:
+            first = dotted(target.elements[0].value)
+            if first:
+                seeds[first] = False
+            seed_loop_target(target.elements[1].value, it.args[0].value, env, seeds)
+            return
+        if fname == "zip" and isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == len(it.args):
+            for el, arg in zip(target.elements, it.args):
+                seed_loop_target(el.value, arg.value, env, seeds)
+            return
+        if fname in ("items", "keys", "values", "named_parameters", "named_modules", "named_children", "modules", "children", "param_groups"):
+            for n in _target_leaves(target):
+                seeds.setdefault(n, False)
+            return
+        if fname in ("parameters", "buffers"):
+            for n in _target_leaves(target):
+                seeds[n] = True
+            return
+    if isinstance(it, (cst.List, cst.Tuple, cst.Set)) or dotted(it) in ("self.param_groups",) or (
+        isinstance(it, cst.Attribute) and it.attr.value == "param_groups"
+    ):
+        for n in _target_leaves(target):
+            seeds.setdefault(n, False)
+        return
+    iterable = dotted(it)
+    kind = env.kind_of(it) if iterable else None
+    if kind in (LOADER, None) and env._tensor(it, 0) is not False:
+        for n in _target_leaves(target):
+            seeds[n] = True
+
+
+def _target_leaves(target: cst.BaseExpression) -> list[str]:
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for el in target.elements for n in _target_leaves(el.value)]
+    name = dotted(target)
+    return [name] if name else []
+

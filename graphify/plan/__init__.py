@@ -1,0 +1,11 @@
+"""Plans for rewriting loops: pure functions of the analysis (no libcst output), below the engine.
+
+`make_plan` returns the whole-step Plan of a loop or raises Refusal (with a rule code);
+`make_partial_plan` the plan to graph only the model's forward and backward.
+"""
+
+from graphify.plan.base import FIXED_IN_PLACE, Plan, Refusal, body_of
+from graphify.plan.partial import PARTIAL_OK, PartialPlan, make_partial_plan
+from graphify.plan.whole import make_plan
+
+__all__ = ["FIXED_IN_PLACE", "PARTIAL_OK", "PartialPlan", "Plan", "Refusal", "body_of", "make_partial_plan", "make_plan"]

@@ -1,0 +1,170 @@
+"""What every plan shares: the Plan and Refusal types, and small facts about statements of the loop body."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from graphify.analysis.checker import kwarg
+from graphify.analysis.calls import method_call
+from graphify.analysis.region import Loop
+from graphify.analysis.names import dotted
+from graphify.analysis.statements import (
+    names_written,
+    walk,
+)
+from graphify.analysis.values import SCALER, Env
+from graphify.model import Rule
+
+FIXED_IN_PLACE = {"GFY401", "GFY251", "GFY422", "GFY501", "GFY411", "GFY412"}
+SHAPE_METHODS = {"size", "dim", "numel"}
+
+
+EMPTY = cst.Module([])
+
+
+class Refusal(Exception):
+    """Why a loop is not rewritten: a rule code, a message, and where (None: the loop itself)."""
+
+    def __init__(self, rule: Rule, message: str, node: cst.CSTNode | None = None) -> None:
+        super().__init__(message)
+        self.rule, self.node = rule, node
+
+    @property
+    def reason(self) -> str:
+        return self.rule.code
+
+
+def refuse(rule: Rule, node: cst.CSTNode | None, message: str) -> None:
+    raise Refusal(rule, message, node)
+
+
+@dataclass
+class Plan:
+    loop: Loop
+    kind: str
+    first: int  # body index of the first statement of the step
+    last: int  # body index of the last statement of the step (inclusive)
+    graph: list[int] = field(default_factory=list)  # body indexes captured
+    before: list[int] = field(default_factory=list)  # step statements moved before the call
+    after: list[int] = field(default_factory=list)  # step statements moved after the call
+    split_ifs: dict[int, list[int]] = field(default_factory=dict)  # keyed if -> host statements of its body, run after
+    tail: list[int] = field(default_factory=list)  # eager statements after the call (GradScaler)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    clones: list[str] = field(default_factory=list)
+    optimizers: list[cst.BaseExpression] = field(default_factory=list)
+    keys: list[int] = field(default_factory=list)  # body indexes of keyed ifs
+    device: cst.BaseExpression | None = None  # where host inputs go, for `.to(device)` inside the step
+    autocast_calls: list[cst.Call] = field(default_factory=list)
+    zero_grads: list[cst.Call] = field(default_factory=list)
+    # `correct += (model(x).argmax(1) == y).sum().item()`: the tensor is computed in the graph,
+    # the host read runs after the replay. index -> (captured statement, host statement)
+    hoisted: dict[int, tuple[cst.BaseStatement, cst.BaseStatement]] = field(default_factory=dict)
+    hoisted_reads: set[int] = field(default_factory=set)  # ids of the host-read calls moved out
+    pulled_in: list[int] = field(default_factory=list)  # statements before `first` moved into the step
+
+
+def body_of(loop: Loop) -> list[cst.BaseStatement]:
+    body = loop.node.body
+    return list(body.body) if isinstance(body, cst.IndentedBlock) else []
+
+
+
+def rebound_in_loop(loop: Loop) -> set[str]:
+    """Names bound anywhere in the outermost loop (of the same function) around the step's loop:
+    the step function is defined before it, so each of them may differ from one step to the next."""
+    outer = loop.node
+    for a in reversed(loop.ancestors):
+        if isinstance(a, (cst.FunctionDef, cst.ClassDef)):
+            break
+        if isinstance(a, (cst.For, cst.While)):
+            outer = a
+    return names_written(outer)
+
+
+def is_scaler_call(node: cst.CSTNode, env: Env) -> bool:
+    m = method_call(node)
+    return m is not None and m[1] in ("step", "update", "unscale_") and env.kind_of(m[0]) == SCALER
+
+
+def is_zero_grad(node: cst.CSTNode) -> bool:
+    m = method_call(node)
+    return m is not None and m[1] == "zero_grad"
+
+
+def is_autocast(item: cst.WithItem, env: Env) -> bool:
+    return isinstance(item.item, cst.Call) and (env.qualify(item.item.func) or "").endswith("autocast")
+
+
+def sets_lr(stmt: cst.CSTNode) -> bool:
+    for n in walk(stmt):
+        if isinstance(n, cst.SimpleString) and n.value.strip("'\"") == "lr":
+            return True
+    return False
+
+
+def has_side_effects(stmt: cst.CSTNode) -> bool:
+    return any(isinstance(n, cst.Call) and not is_shape_read(n) for n in walk(stmt))
+
+
+def is_shape_read(call: cst.Call) -> bool:
+    m = method_call(call)
+    return (m is not None and m[1] in SHAPE_METHODS) or (isinstance(call.func, cst.Name) and call.func.value in ("len", "int", "float", "min", "max"))
+
+
+def same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    return a.deep_equals(b)
+
+
+def line(plan: Plan, node: cst.CSTNode) -> int:
+    try:
+        return plan.loop.module.position(node).start.line
+    except KeyError:
+        return plan.loop.module.position(plan.loop.node).start.line
+
+
+def body_node_of(plan: Plan, node: cst.CSTNode) -> cst.CSTNode:
+    """The node itself when it is in the loop body, else the body's call that leads to it."""
+    region = plan.loop.region
+    site = next((st for n, st in region.nodes if n is node), None)
+    if site is None or site.block is region.body_block:
+        return node
+    return region.body_call_of(site) or node
+
+
+def device_in_loop_scope(plan: Plan, call: cst.Call) -> cst.BaseExpression | None:
+    """The device a `.to(device)` inside the step names, as an expression valid in the loop's scope."""
+    region = plan.loop.region
+    site = next((st for n, st in region.nodes if n is call), None)
+    if site is None or not isinstance(call.func, cst.Attribute):
+        return None
+    if call.func.attr.value == "cuda":
+        return cst.SimpleString('"cuda"')
+    expr = kwarg(call, "device") or (call.args[0].value if call.args and call.args[0].keyword is None else None)
+    return in_loop_scope(plan, expr, site.block)
+
+
+def in_loop_scope(plan: Plan, expr: cst.BaseExpression | None, block) -> cst.BaseExpression | None:
+    """`expr`, written in a function the step calls, as an expression valid in the loop's scope:
+    parameters are traced back to their call-site arguments, `self.x` to `obj.x` for `obj.method()`."""
+    region = plan.loop.region
+    while expr is not None and block is not region.body_block:
+        name = dotted(expr)
+        if isinstance(expr, cst.SimpleString):
+            return expr
+        if name is None or block.call is None:
+            return None
+        if name in block.env.bound:
+            expr = block.env.bound[name][1]
+        elif name.startswith("self.") and isinstance(block.call.func, cst.Attribute):
+            owner = block.call.func.value
+            if not (isinstance(owner, cst.Name) and owner.value == "self"):
+                expr = cst.parse_expression(f"{EMPTY.code_for_node(owner)}.{name[5:]}")
+        else:
+            return None
+        block = block.parent
+    return expr
+
+

@@ -1,0 +1,171 @@
+"""The captured step's inputs (re-bound each step, copied into static buffers), outputs, and the outputs
+that must be copied because they outlive the next replay."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from graphify.analysis.calls import method_call
+from graphify.analysis.statements import (
+    names_read,
+    names_written,
+    walk,
+)
+from graphify.analysis.tree import children
+from graphify.analysis.values import Env
+from graphify.plan import dataflow
+from graphify.plan.base import Plan, Refusal, is_shape_read, rebound_in_loop
+from graphify.rules.rewrite_safety import (
+    PER_STEP_HOST_VALUE,
+)
+
+
+def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enclosing: cst.CSTNode) -> None:
+    graph_stmts = [plan.hoisted[i][0] if i in plan.hoisted else body[i] for i in plan.graph]
+    written = set().union(*(names_written(s) for s in graph_stmts))
+    for index, host in plan.split_ifs.items():  # host statements of keyed ifs leave the step
+        stmt = body[index]
+        kept = [s for k, s in enumerate(stmt.body.body) if k not in host]
+        written -= set().union(*(names_written(s) for s in (stmt.body.body[k] for k in host)))
+        written |= set().union(*(names_written(s) for s in kept))
+    per_iteration = rebound_in_loop(plan.loop) - set().union(*(names_written(s) for s in graph_stmts)) if graph_stmts else set()
+    per_iteration |= set().union(*(names_written(body[i]) for i in range(len(body)) if i not in plan.graph))
+    if isinstance(plan.loop.node, cst.For):
+        per_iteration |= names_written(cst.Assign([cst.AssignTarget(plan.loop.node.target)], cst.Name("_")))
+    outside = _names_read_outside(enclosing, {id(body[i]) for i in plan.graph})
+    outside |= set().union(*(names_read(host) for _, host in plan.hoisted.values()))
+    defined_outside = _names_written_outside(enclosing, {id(body[i]) for i in plan.graph}) | per_iteration
+    read_first: set[str] = set()  # names the step reads before it binds them itself
+    bound: set[str] = set()
+    for stmt in graph_stmts:
+        read_first |= names_read(stmt) - bound
+        bound |= names_written(stmt)
+    inputs = []
+    for name in sorted(read_first):
+        if name in per_iteration or (name in written and name in defined_outside):
+            if dataflow.is_host_expression(cst.Name(name), env) and not is_shape_value(name, body):
+                if not _only_in_keys(name, plan, body):
+                    raise Refusal(PER_STEP_HOST_VALUE, f"the step reads `{name}`, a host value that changes between steps; capture would freeze it")
+                continue
+            inputs.append(name)
+    plan.inputs = _in_source_order(inputs, graph_stmts)
+    plan.outputs = _in_source_order([n for n in written if n in outside], graph_stmts)
+    after_loop = _names_read_outside(enclosing, {id(plan.loop.node)})
+    plan.clones = [n for n in plan.outputs if n in after_loop or _kept_in_loop(n, body, plan)]
+
+
+def _names_written_outside(root: cst.CSTNode, excluded: set[int]) -> set[str]:
+    found: set[str] = set()
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if id(n) in excluded or (isinstance(n, (cst.FunctionDef, cst.ClassDef)) and n is not root):
+            continue
+        if isinstance(n, (cst.SimpleStatementLine, cst.For, cst.With)):
+            found |= names_written(n) if isinstance(n, cst.SimpleStatementLine) else set()
+            if isinstance(n, cst.For):
+                found |= names_written(cst.Assign([cst.AssignTarget(n.target)], cst.Name("_")))
+            if isinstance(n, cst.With):
+                found |= {a.name.value for a in (i.asname for i in n.items) if a is not None and isinstance(a.name, cst.Name)}
+        stack.extend(children(n))
+    return found
+
+
+def _names_read_outside(root: cst.CSTNode, excluded: set[int]) -> set[str]:
+    found: set[str] = set()
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if id(n) in excluded:
+            continue
+        if isinstance(n, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and not isinstance(n, (cst.For, cst.While, cst.If, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef)):
+            found |= names_read(n)
+            continue
+        if isinstance(n, (cst.FunctionDef, cst.ClassDef)) and n is not root:
+            # another function sees this scope's names only where it does not bind them itself
+            found |= names_read(n.body) - names_written(n.body)
+            continue
+        if isinstance(n, (cst.For, cst.While, cst.If, cst.With)):
+            header = n.iter if isinstance(n, cst.For) else n.test if isinstance(n, (cst.While, cst.If)) else None
+            if header is not None:
+                found |= names_read(header)
+            if isinstance(n, cst.With):
+                for item in n.items:
+                    found |= names_read(item.item)
+        stack.extend(children(n))
+    return found
+
+
+def is_shape_value(name: str, body) -> bool:
+    """`n = x.size(0)`: fixed while shapes are fixed, so capture may freeze it."""
+    values = [v for s in body for n in walk(s) if isinstance(n, cst.Assign)
+              for t in n.targets if isinstance(t.target, cst.Name) and t.target.value == name for v in [n.value]]
+    return bool(values) and all(
+        any((isinstance(n, cst.Attribute) and n.attr.value == "shape") or (isinstance(n, cst.Call) and is_shape_read(n) and method_call(n) is not None)
+            or (isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == "len") for n in walk(v))
+        for v in values
+    )
+
+
+def _only_in_keys(name: str, plan: Plan, body) -> bool:
+    for i in plan.graph:
+        stmt = body[i]
+        if i in plan.keys:
+            reads = set().union(*(names_read(s) for s in stmt.body.body)) if isinstance(stmt.body, cst.IndentedBlock) else set()
+            if name in reads:
+                return False
+        elif name in names_read(stmt):
+            return False
+    return True
+
+
+def _in_source_order(names, stmts) -> list[str]:
+    order: dict[str, int] = {}
+    for s in stmts:
+        for n in walk(s):
+            if isinstance(n, cst.Name) and n.value in names and n.value not in order:
+                order[n.value] = len(order)
+    return sorted(names, key=lambda n: order.get(n, len(order)))
+
+
+_HOST_READ_CHAIN = {"item", "tolist", "detach", "cpu", "numpy", "float", "double"}
+
+
+def _kept_in_loop(name: str, body, plan: Plan) -> bool:
+    """An output read after the step only through `.item()`, `float()` or formatting needs no copy;
+    anything that keeps the tensor (a list, a best-so-far, the next iteration) does, since the next
+    replay overwrites it."""
+    return any(not ok for i in range(len(body)) if i not in plan.graph for ok, _ in _uses(body[i], name))
+
+
+def _uses(stmt: cst.CSTNode, name: str):
+    def visit(n, parents):
+        if isinstance(n, cst.Name) and n.value == name:
+            yield _is_host_read_use(parents), n
+            return
+        if isinstance(n, (cst.FunctionDef, cst.ClassDef)):
+            return
+        for c in children(n):
+            yield from visit(c, parents + (n,))
+
+    yield from visit(stmt, ())
+
+
+def _is_host_read_use(parents) -> bool:
+    for p in reversed(parents):
+        if isinstance(p, cst.Attribute):
+            if p.attr.value not in _HOST_READ_CHAIN:
+                return False
+            if p.attr.value in ("item", "tolist", "numpy"):
+                return True
+            continue
+        if isinstance(p, cst.Call):
+            if isinstance(p.func, cst.Name) and p.func.value in ("float", "int", "print", "str"):
+                return True
+            continue
+        if isinstance(p, (cst.FormattedStringExpression, cst.Arg)):
+            return isinstance(p, cst.FormattedStringExpression)
+        return False
+    return False
+
+

@@ -1,0 +1,63 @@
+"""Partial capture: only the model's forward and backward replay from CUDA graphs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from graphify.analysis.checker import kwarg
+from graphify.analysis.calls import is_backward, is_model_call
+from graphify.analysis.region import Loop
+from graphify.analysis.names import dotted
+from graphify.analysis.statements import (
+    walk,
+)
+from graphify.plan.base import Refusal, body_of, is_autocast, is_zero_grad
+from graphify.rules.rewrite_safety import (
+    LOOP_SHAPE,
+)
+
+PARTIAL_OK = {"GFY411"}
+
+
+@dataclass
+class PartialPlan:
+    loop: Loop
+    model_call: cst.Call  # `model(x)`: it becomes a call of the graphed module
+    model: str
+    reasons: list[str]  # why the whole step cannot be captured
+
+
+def make_partial_plan(loop: Loop, reasons: list[str]) -> PartialPlan:
+    """A plan to graph only the model's forward and backward, for a training loop whose whole step
+    cannot be captured for one of PARTIAL_OK's reasons."""
+    if loop.kind != "train" or loop.node.orelse is not None:
+        raise Refusal(LOOP_SHAPE, "partial capture is for training loops")
+    body = body_of(loop)
+    env = loop.region.body_block.env
+    calls = [n for s in body for n in walk(s) if isinstance(n, cst.Call)]
+    model_calls = [c for c in calls if is_model_call(c, env)]
+    if len(model_calls) != 1 or not isinstance(model_calls[0].func, cst.Name):
+        raise Refusal(LOOP_SHAPE, "partial capture needs exactly one call of the model, by name, in the loop body")
+    call = model_calls[0]
+    if not call.args or any(a.keyword is not None or a.star for a in call.args):
+        raise Refusal(LOOP_SHAPE, "partial capture needs the model called with positional tensors only")
+    if not any(isinstance(s, cst.SimpleStatementLine) and any(n is call for n in walk(s)) for s in body):
+        raise Refusal(LOOP_SHAPE, "partial capture needs the model call at the top level of the loop body")
+    if not any(is_backward(c, env) for c in calls):
+        raise Refusal(LOOP_SHAPE, "partial capture needs the backward pass in the loop body")
+    zero_grads = [c for c in calls if is_zero_grad(c)]
+    if not zero_grads or any(_keeps_grads(c) for c in zero_grads):
+        # a replayed backward hands autograd the graph's gradient buffers: they must not be added to
+        raise Refusal(LOOP_SHAPE, "partial capture needs `zero_grad()` (set_to_none) in every step")
+    if any(isinstance(n, cst.WithItem) and is_autocast(n, env) for s in body for n in walk(s)):
+        raise Refusal(LOOP_SHAPE, "partial capture under autocast is not supported")
+    return PartialPlan(loop, call, call.func.value, list(reasons))
+
+
+def _keeps_grads(zero_grad: cst.Call) -> bool:
+    value = kwarg(zero_grad, "set_to_none")
+    if value is None and zero_grad.args and zero_grad.args[0].keyword is None:
+        value = zero_grad.args[0].value
+    return value is not None and dotted(value) != "True"

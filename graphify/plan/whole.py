@@ -1,0 +1,301 @@
+"""The whole-step plan: which statements of a loop body become the captured step, what moves around it.
+
+The loop body splits into: statements before the step (kept, eager), the step (from the first
+model call to the last backward/optimizer step), and statements after it (kept, eager). Inside the
+step, host-only statements (logging, `.item()` reads, LR updates) move out, before or after the
+call; `GradScaler.step/update` and what follows stay eager after the call; host conditions such as
+`(i + 1) % accum == 0` become the key that picks one graph per branch outcome. dataflow.py says what
+may enter the step at all.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from graphify.analysis.checker import Finding, removable
+from graphify.analysis.calls import is_backward, is_model_call, is_step_op, method_call
+from graphify.analysis.region import Loop
+from graphify.analysis.statements import (
+    contains,
+    does_gpu_work,
+    is_host_read_call,
+    names_read,
+    names_written,
+    walk,
+)
+from graphify.analysis.tree import children
+from graphify.analysis.values import OPTIMIZER, Env
+from graphify.plan import dataflow
+from graphify.plan.base import (
+    EMPTY,
+    FIXED_IN_PLACE,
+    Plan,
+    Refusal,
+    body_node_of,
+    body_of,
+    device_in_loop_scope,
+    has_side_effects,
+    in_loop_scope,
+    is_autocast,
+    is_scaler_call,
+    is_zero_grad,
+    rebound_in_loop,
+    refuse,
+    same,
+    sets_lr,
+)
+from graphify.plan.inputs import find_inputs_outputs, is_shape_value
+from graphify.plan.names import fresh_name
+from graphify.rules.rewrite_safety import (
+    HOST_BRANCH_IN_STEP,
+    LOOP_SHAPE,
+    PER_STEP_HOST_VALUE,
+)
+
+
+def make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode) -> Plan:
+    """`findings`: every breaker reported in the loop's region; `enclosing`: the function (or module)
+    that holds the loop. Raises Refusal when the loop cannot be captured without changing its training."""
+    if loop.node.orelse is not None:
+        raise Refusal(LOOP_SHAPE, "loops with an `else:` clause are not rewritten")
+    body = body_of(loop)
+    env = loop.region.body_block.env
+    step_calls, model_calls = _calls_into_step(loop)
+    env.gpu_calls = step_calls | model_calls
+
+    def holds(stmt, test, via):
+        return any(isinstance(n, cst.Call) and (test(n, env) or id(n) in via) for n in walk(stmt))
+
+    if loop.kind == "train":
+        anchors = [i for i, s in enumerate(body) if holds(s, is_step_op, step_calls)]
+    else:
+        anchors = [i for i, s in enumerate(body) if holds(s, is_model_call, model_calls)]
+    # a periodic branch before the step (evaluation every N steps) runs eagerly between replays
+    starts = [i for i, s in enumerate(body) if holds(s, is_model_call, model_calls | step_calls)
+              and (i in anchors or loop.kind != "train" or not _is_periodic_branch(s, env, step_calls))]
+    if not anchors or not starts:
+        raise Refusal(LOOP_SHAPE, "the step is not in the loop body")
+    plan = Plan(loop, loop.kind, first=min(starts[0], anchors[0]), last=anchors[-1])
+    _split_step(plan, body, env)
+    _pull_in_zero_grad(plan, body, env)
+    dataflow.check_captured_code(plan, body, refuse)
+    _check_breakers(plan, findings, body)
+    find_inputs_outputs(plan, body, env, enclosing)
+    dataflow.check_loop_mutations(plan, body, refuse)
+    for i in sorted(plan.after):
+        dataflow.check_moved_statement(plan, body, i, refuse)
+    return plan
+
+
+def _calls_into_step(loop: Loop) -> tuple[set[int], set[int]]:
+    """Calls in the loop body that run a backward/optimizer step, or a model, inside a called function."""
+    steps, models = set(), set()
+    region = loop.region
+    for node, site in region.nodes:
+        if site.block is region.body_block or not isinstance(node, cst.Call):
+            continue
+        call = region.body_call_of(site)
+        if call is None:
+            continue
+        if is_step_op(node, site.env):
+            steps.add(id(call))
+        elif is_model_call(node, site.env):
+            models.add(id(call))
+    return steps, models
+
+
+def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
+    span = list(range(plan.first, plan.last + 1))
+    # GradScaler.step/update (and unscaling, clipping between them) run eagerly after the replay.
+    for i in span:
+        if any(is_scaler_call(n, env) for n in walk(body[i])):
+            if not any(isinstance(n, cst.Call) and is_backward(n, env) for j in span if j < i for n in walk(body[j])):
+                raise Refusal(LOOP_SHAPE, "GradScaler step comes before the backward pass", body[i])
+            plan.tail = [j for j in span if j >= i]
+            span = [j for j in span if j < i]
+            break
+    graph_writes: set[str] = set()
+    rebound = rebound_in_loop(plan.loop)
+    for pos, i in enumerate(span):
+        stmt = body[i]
+        _hoist_host_reads(plan, i, stmt, env)
+        if i in plan.hoisted:
+            plan.graph.append(i)
+            graph_writes |= names_written(plan.hoisted[i][0])
+            continue
+        later_reads = set().union(*(names_read(body[j]) for j in span[pos + 1:])) if pos + 1 < len(span) else set()
+        writes = names_written(stmt)
+        if does_gpu_work(stmt, env):
+            if _is_side_computation(stmt, env) and not writes & later_reads:
+                # `total_loss += loss.detach()`: nothing in the step needs it, so it runs after the call
+                plan.after.append(i)
+                continue
+            plan.graph.append(i)
+            graph_writes |= writes
+            if isinstance(stmt, cst.If):
+                _plan_keyed_if(plan, i, stmt, env)
+            continue
+        if writes & later_reads:
+            varying = {n for n in (names_read(stmt) & rebound) - graph_writes if not is_shape_value(n, body)}
+            if has_side_effects(stmt) or varying:
+                why = f"reads `{sorted(varying)[0]}`, which changes between steps" if varying else "calls code with possible side effects"
+                raise Refusal(PER_STEP_HOST_VALUE, f"a host statement the step needs {why}; capture would run it once", stmt)
+            plan.graph.append(i)  # a host value the step needs (a shape, a constant): computed once at capture
+            graph_writes |= writes
+        elif names_read(stmt) & graph_writes or not sets_lr(stmt):
+            plan.after.append(i)
+        else:
+            plan.before.append(i)
+    if not any(isinstance(n, cst.Call) and (is_step_op(n, env) or is_model_call(n, env) or id(n) in env.gpu_calls)
+               for i in plan.graph for n in walk(body[i])):
+        raise Refusal(LOOP_SHAPE, "nothing left to capture")
+    for i in plan.graph:
+        for n in walk(body[i]):
+            if isinstance(n, cst.WithItem) and is_autocast(n, env):
+                plan.autocast_calls.append(n.item)
+            if plan.keys and is_zero_grad(n):
+                plan.zero_grads.append(n)
+    region = plan.loop.region
+    graph_nodes = [body[i] for i in plan.graph]
+    for node, site in region.nodes:
+        m = method_call(node)
+        if m is None or m[1] != "step" or not is_step_op(node, site.env) or site.env.kind_of(m[0]) != OPTIMIZER:
+            continue
+        if not any(contains(s, body_node_of(plan, node)) for s in graph_nodes):
+            continue
+        optimizer = in_loop_scope(plan, m[0], site.block)  # the runtime finds the optimizers itself
+        if optimizer is not None and not any(same(optimizer, o) for o in plan.optimizers):
+            plan.optimizers.append(optimizer)
+
+
+def _pull_in_zero_grad(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
+    """`optimizer.zero_grad()` shortly before the step moves into the step. Captured, it only hands
+    the gradients to the graph's pool, which every replay refills in place; left outside, it would
+    cost a Python call per step and leave `.grad` unset after each replay. Statements between it and
+    the step (batch preparation) must not touch gradients."""
+    if plan.keys:  # gradient accumulation: the keyed branches zero the gradients
+        return
+    for i in range(plan.first - 1, -1, -1):
+        stmt = body[i]
+        calls = [n for n in walk(stmt) if isinstance(n, cst.Call)]
+        zero = [c for c in calls if is_zero_grad(c)]
+        if zero and isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr) \
+                and stmt.body[0].value is zero[0]:
+            plan.graph.insert(0, i)
+            plan.pulled_in.append(i)
+            return
+        if zero or any(is_step_op(c, env) or id(c) in env.gpu_calls for c in calls) or any(
+                isinstance(n, cst.Attribute) and n.attr.value == "grad" for n in walk(stmt)):
+            return
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, replacements: dict[int, cst.BaseExpression]) -> None:
+        self.replacements = replacements
+
+    def on_leave(self, original, updated):
+        return self.replacements.get(id(original), updated)
+
+
+def _hoist_host_reads(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env) -> None:
+    """Split `total += step_tensor_expression.item()` into a captured assignment and a host read."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return
+    small = stmt.body[0]
+    if not isinstance(small, (cst.Assign, cst.AugAssign, cst.Expr)):
+        return
+    reads = []
+    stack = [small]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, cst.Call) and is_host_read_call(n, env):
+            m = method_call(n)
+            receiver = m[0] if m is not None and m[1] in ("item", "tolist", "numpy", "cpu") else (n.args[0].value if n.args else None)
+            if receiver is not None and does_gpu_work(receiver, env):
+                reads.append((n, receiver))
+                continue
+        stack.extend(children(n))
+    if not reads:
+        return
+    target = small.target if isinstance(small, cst.AugAssign) else small.targets[0].target if isinstance(small, cst.Assign) else None
+    base = f"{target.value}_tensor" if isinstance(target, cst.Name) else "step_tensor"
+    names = [fresh_name(base, plan.loop.module.names) for _ in reads]
+    captured = cst.parse_statement(f"{', '.join(names)} = {', '.join(EMPTY.code_for_node(r) for _, r in reads)}")
+    host = stmt.visit(_Replace({id(r): cst.Name(name) for (_, r), name in zip(reads, names)}))
+    plan.hoisted[index] = (captured.with_changes(leading_lines=stmt.leading_lines), host.with_changes(leading_lines=[]))
+    plan.hoisted_reads.update(id(call) for call, _ in reads)
+
+
+def _is_periodic_branch(stmt: cst.BaseStatement, env: Env, step_calls: set[int]) -> bool:
+    """`if step % k == 0:` holding evaluation (model calls, no backward or optimizer step)."""
+    return isinstance(stmt, cst.If) and env._tensor(stmt.test, 0) is not True and not any(
+        isinstance(n, cst.Call) and (is_step_op(n, env) or is_backward(n, env) or id(n) in step_calls) for n in walk(stmt))
+
+
+def _is_side_computation(stmt: cst.BaseStatement, env: Env) -> bool:
+    """A plain (re)binding of names that neither runs the model nor steps, e.g. a metric accumulator,
+    or the next batch fetched while the step runs (`X, Y = get_batch("train")`)."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or not all(isinstance(s, (cst.Assign, cst.AugAssign)) for s in stmt.body):
+        return False
+    targets = [t.target for s in stmt.body for t in (s.targets if isinstance(s, cst.Assign) else [s])]
+    targets = [t.target if isinstance(t, cst.AssignTarget) else t for t in targets]
+    targets = [e.value for t in targets for e in (t.elements if isinstance(t, (cst.Tuple, cst.List)) else [cst.Element(t)])]
+    if not all(isinstance(t, cst.Name) for t in targets):
+        return False
+    return not any(
+        isinstance(n, cst.Call) and (is_step_op(n, env) or is_model_call(n, env) or id(n) in env.gpu_calls or _mutates(n))
+        for n in walk(stmt)
+    )
+
+
+def _mutates(call: cst.Call) -> bool:
+    m = method_call(call)
+    return m is not None and m[1].endswith("_") and not m[1].startswith("_")
+
+
+def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env) -> None:
+    if env._tensor(stmt.test, 0) is True:
+        return
+    if stmt.orelse is not None:
+        raise Refusal(HOST_BRANCH_IN_STEP, "a host branch with `else` inside the step", stmt)
+    if not isinstance(stmt.body, cst.IndentedBlock):
+        raise Refusal(HOST_BRANCH_IN_STEP, "a one-line host branch inside the step", stmt)
+    plan.keys.append(index)
+    host = [k for k, s in enumerate(stmt.body.body) if not does_gpu_work(s, env)]
+    if host:
+        plan.split_ifs[index] = host
+
+
+def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStatement]) -> None:
+    captured = [body[i] for i in plan.graph]
+    for f in findings:
+        if (f.rule.code in FIXED_IN_PLACE and removable(f)) or id(f.node) in plan.hoisted_reads:
+            continue
+        anchor = body_node_of(plan, f.node)
+        if not removable(f):
+            # a breaker in a statement that stays outside the step runs eagerly, where it stands; the
+            # fixed-in-place rules and dynamic shapes describe the captured step wherever they are reported
+            if f.rule.code not in FIXED_IN_PLACE and f.rule.category != "dynamic-shape" and any(contains(s, anchor) for s in body) \
+                    and not any(contains(s, anchor) for s in captured):
+                continue
+            raise Refusal(f.rule, f.message, f.node)
+        if f.rule.code == "GFY301" and any(contains(body[i], anchor) for i in plan.graph):
+            # An input copied inside the step: CapturedStep moves host inputs to `device` first,
+            # which turns the copy into a no-op.
+            device = device_in_loop_scope(plan, f.node)
+            if device is None:
+                raise Refusal(f.rule, "cannot tell which device inputs go to", f.node)
+            plan.device = plan.device or device
+            continue
+        in_graph = [s for s in captured if contains(s, anchor)]
+        if not in_graph:
+            continue
+        if anchor is not f.node:
+            raise Refusal(f.rule, f"{f.message} (inside a function the step calls)", f.node)
+        stmt = in_graph[0]
+        index = body.index(stmt)
+        moved = plan.split_ifs.get(index, [])
+        if not any(contains(stmt.body.body[k], f.node) for k in moved) if index in plan.split_ifs else True:
+            raise Refusal(f.rule, f"{f.message} (would stay inside the captured step)", f.node)
+
+

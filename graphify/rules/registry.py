@@ -1,0 +1,24 @@
+"""The rule factory and the categories rules belong to; every rule family imports it."""
+
+from graphify.model import Rule, Severity
+
+CATEGORIES = (
+    "host-sync",
+    "data-dependent-branch",
+    "in-loop-allocation",
+    "cross-device",
+    "dynamic-shape",
+    "non-capturable-optimizer",
+    "lr-scheduler",
+    "amp-grad-scaler",
+    "host-branch",
+    "logging-io",
+    "rng",
+    "distributed",
+    "rewrite-safety",
+)
+
+
+def rule(code: str, name: str, category: str, severity: str, summary: str, rewritable: bool) -> Rule:
+    assert category in CATEGORIES, category
+    return Rule(code, name, category, Severity(severity), summary, rewritable)

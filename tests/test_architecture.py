@@ -1,0 +1,83 @@
+"""The layers run one way: no import cycle between modules or packages (lazy imports included), and no
+module over 400 lines."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "graphify"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _imports(modules) -> dict[str, set[str]]:
+    edges = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("graphify"):
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith("graphify")]
+            edges[name] |= {t for t in targets if t in modules and t != name}
+    return edges
+
+
+def _cycles(edges) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_between_modules():
+    assert _cycles(_imports(_modules())) == []
+
+
+def test_no_import_cycle_between_packages():
+    def package(name):
+        return ".".join(name.split(".")[:2])
+
+    edges = {}
+    for source, targets in _imports(_modules()).items():
+        edges.setdefault(package(source), set())
+        for target in targets:
+            edges.setdefault(package(target), set())
+            if package(target) != package(source):
+                edges[package(source)].add(package(target))
+    assert _cycles(edges) == []
+
+
+def test_no_module_over_400_lines():
+    long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > 400}
+    assert long == {}

@@ -1,0 +1,33 @@
+"""`graphify rewrite --in-place`: the file keeps its mode and owner, a read-only file is never written."""
+
+import os
+import stat
+from pathlib import Path
+
+from click.testing import CliRunner
+
+import graphify.cli as cli
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "check" / "mnist_main_function.py"
+
+
+def test_in_place_keeps_the_mode(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(FIXTURE.read_text())
+    path.chmod(0o640)
+    result = CliRunner().invoke(cli.cli, ["rewrite", "--in-place", str(path)])
+    assert result.exit_code == 1, result.output  # files changed
+    assert "from graphify.runtime import CapturedStep" in path.read_text()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640 and path.stat().st_uid == os.getuid()
+
+
+def test_a_read_only_file_is_left_alone_with_one_line(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(FIXTURE.read_text())
+    path.chmod(0o444)
+    before = path.read_text()
+    result = CliRunner().invoke(cli.cli, ["rewrite", "--in-place", str(path)])
+    assert result.exit_code == 2
+    assert path.read_text() == before and stat.S_IMODE(path.stat().st_mode) == 0o444
+    assert "could not write: the file is read-only" in result.stderr
+    assert not list(tmp_path.glob(".graphify-*"))  # no temporary file left behind
