@@ -136,3 +136,42 @@ def test_manifest():
     assert check["entry"].split()[:2] == ["graphify", "check"]
     assert check["language"] == "python"
     assert check["types"] == ["python"]
+
+
+REWRITABLE = BAD.replace("        print(loss.item())\n", "")
+
+
+def test_rewrite_check_hook_fails_until_the_file_is_rewritten(precommit_env):
+    """The livable hook: it fails only while a loop could be captured, and passes once it is."""
+    tmp, hook, rev, env = precommit_env
+    repo = tmp / "rewritable"
+    repo.mkdir()
+    (repo / ".pre-commit-config.yaml").write_text(
+        f"repos:\n- repo: {hook}\n  rev: {rev}\n  hooks:\n  - id: graphify-rewrite-check\n"
+    )
+    (repo / "train.py").write_text(REWRITABLE)
+    git("init", "-q", cwd=repo)
+    git("add", "-A", cwd=repo)
+    before = pre_commit(repo, env)
+    assert before.returncode == 1 and "graphify rewrite --check" in before.stdout, before.stdout + before.stderr
+    subprocess.run([sys.executable, "-m", "graphify", "rewrite", "--in-place", "train.py"], cwd=repo, env=env, check=False)
+    git("add", "-A", cwd=repo)
+    after = pre_commit(repo, env)
+    assert after.returncode == 0, after.stdout + after.stderr
+
+
+def test_the_readme_local_hook_works_as_written(precommit_env, tmp_path):
+    """The `repo: local` snippet of the README, copied verbatim into a fresh repository."""
+    _, _, _, env = precommit_env
+    readme = (REPO / "README.md").read_text()
+    snippet = readme.split("```yaml\nrepos:\n", 1)[1].split("```", 1)[0]
+    if shutil.which("graphify", path=env.get("PATH")) is None:
+        pytest.skip("graphify is not on PATH")
+    repo = tmp_path / "local"
+    repo.mkdir()
+    (repo / ".pre-commit-config.yaml").write_text("repos:\n" + snippet)
+    (repo / "train.py").write_text(REWRITABLE)
+    git("init", "-q", cwd=repo)
+    git("add", "-A", cwd=repo)
+    result = pre_commit(repo, env)
+    assert result.returncode == 1 and "graphify rewrite --check" in result.stdout, result.stdout + result.stderr

@@ -16,7 +16,8 @@ import click
 @click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True, help="Steps `--verify` runs.")
 @click.option("--select", metavar="CODES", help="As for `graphify check`.")
 @click.option("--ignore", metavar="CODES", help="As for `graphify check`.")
-def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore) -> None:
+@click.option("--force-exclude", is_flag=True, help="Apply exclude / extend-exclude to files named on the command line too (pre-commit).")
+def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore, force_exclude) -> None:
     """Rewrite eligible training and inference loops of PATHS into warmup, capture and replay.
 
     Prints a unified diff and changes nothing unless --in-place is given. Loops that cannot be
@@ -36,14 +37,14 @@ def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore) 
     except ConfigError as exc:
         click.echo(f"graphify: error: {exc}", err=True)
         sys.exit(2)
-    files, errors = discover(paths, settings)
+    files, errors = discover(paths, settings, force_exclude=force_exclude)
     checker = None
     if verify:
         from graphify.verify import verify_file
 
         def checker(path):
             report = verify_file(path, steps, [], None, None, settings=settings)
-            return report.passed, report.summary_line() if hasattr(report, "summary_line") else f"exit {report.exit_code}"
+            return report.passed, report.message
 
     try:
         run = rewrite_files(files, settings, in_place=in_place, check_only=check_only, verify=checker)
