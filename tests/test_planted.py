@@ -11,6 +11,8 @@ import pytest
 
 from graphify.verify import verify_file
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = sorted((ROOT / "fixtures" / "planted").glob("*.py"))
 

@@ -61,6 +61,7 @@ def test_untouched_code_is_byte_identical(settings):
     assert missing == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", rewritable_cases(), ids=lambda p: p.name)
 def test_rewrite_trains_identically_on_cpu(case):
     """Without CUDA the rewrite takes the eager path: per-step losses and final parameters are

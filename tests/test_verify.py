@@ -15,6 +15,8 @@ from click.testing import CliRunner
 from graphify.cli import cli
 from graphify.verify import verify_file
 
+pytestmark = pytest.mark.slow
+
 STEPS = 12
 
 TRAIN = """\
