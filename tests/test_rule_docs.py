@@ -52,3 +52,35 @@ def test_rule_doc(rule):
 
 def test_generated_docs_up_to_date():
     assert docgen.outdated() == [], "run `python -m graphify.docgen`"
+
+
+# ---- each doc's examples are its test cases ------------------------------------------------------
+
+# Names the examples use without building them, bound the way a script would (only when an example
+# does not bind them itself).
+_CONTEXT = {
+    "model": "model = nn.Linear(4, 2).cuda()",
+    "opt": "opt = torch.optim.Adam(model.parameters(), capturable=True)",
+    "criterion": "criterion = nn.CrossEntropyLoss()",
+    "loader": "loader = DataLoader(dataset, batch_size=32, drop_last=True)",
+}
+_IMPORTS = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader\n"
+
+
+def _examples():
+    for rule in RULES:
+        example = rule_doc(rule.code).split("## Example", 1)[1].split("## Suppress", 1)[0]
+        for kind, code in re.findall(r"^(Flagged|Instead)\b[^\n]*:\n```python\n(.*?)```", example, flags=re.S | re.M):
+            yield pytest.param(rule.code, kind, code, id=f"{rule.code}-{kind.lower()}")
+
+
+@pytest.mark.parametrize("code, kind, example", list(_examples()))
+def test_doc_example(code, kind, example):
+    """Flagged examples report the rule; Instead examples do not."""
+    from graphify.config import Settings
+    from graphify.engine import analyze_source
+
+    context = [line for name, line in _CONTEXT.items() if not re.search(rf"^\s*{name}\s*=", example, flags=re.M)]
+    source = _IMPORTS + "\n".join(context) + "\n" + example
+    found = {d.code for d in analyze_source(source, "example.py", Settings(select=["ALL"])).diagnostics}
+    assert (code in found) == (kind == "Flagged"), sorted(found)

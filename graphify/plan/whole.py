@@ -57,7 +57,7 @@ def make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode) -> Pl
     """`findings`: every breaker reported in the loop's region; `enclosing`: the function (or module)
     that holds the loop. Raises Refusal when the loop cannot be captured without changing its training."""
     if loop.node.orelse is not None:
-        raise Refusal(LOOP_SHAPE, "loops with an `else:` clause are not rewritten")
+        raise Refusal(LOOP_SHAPE, "loops with an `else:` clause are not rewritten", loop.node)
     body = body_of(loop)
     env = loop.region.body_block.env
     step_calls, model_calls = _calls_into_step(loop)
