@@ -30,6 +30,17 @@ MAX_CALL_DEPTH = 4
 RUNTIME_HELPERS = ("graphify.runtime.CapturedStep", "graphify.runtime.GraphedModule")  # what rewrites call
 
 
+def runtime_helper_assignments(module: ModuleInfo) -> list[tuple[str, cst.BaseExpression | None]]:
+    """(name bound, what it wraps) for each `x = CapturedStep(f)` or `x = GraphedModule(m)` of a module,
+    the runtime's classes however they are imported."""
+    found = []
+    for n in _iter_nodes_all(module.tree):
+        if isinstance(n, cst.Assign) and isinstance(n.value, cst.Call) and isinstance(n.targets[0].target, cst.Name) \
+                and module.aliases.qualify(n.value.func) in RUNTIME_HELPERS:
+            found.append((n.targets[0].target.value, n.value.args[0].value if n.value.args else None))
+    return found
+
+
 def _is_runtime_helper(func: cst.BaseExpression, module: ModuleInfo) -> bool:
     return module.aliases.qualify(func) in RUNTIME_HELPERS
 
@@ -129,14 +140,8 @@ class ModuleAnalysis:
 
     @cached_property
     def _captured_steps(self) -> set[str]:
-        """Functions wrapped as `f = CapturedStep(f)`, the runtime's class however it is imported."""
-        found = set()
-        for n in _iter_nodes_all(self.module.tree):
-            if isinstance(n, cst.Assign) and isinstance(n.value, cst.Call) and n.value.args and _is_runtime_helper(n.value.func, self.module):
-                arg = n.value.args[0].value
-                if isinstance(arg, cst.Name):
-                    found.add(arg.value)
-        return found
+        """Functions wrapped as `f = CapturedStep(f)`."""
+        return {wrapped.value for _, wrapped in runtime_helper_assignments(self.module) if isinstance(wrapped, cst.Name)}
 
     @staticmethod
     def _already_captured(loop, env: Env) -> bool:

@@ -57,7 +57,6 @@ class Plan:
     optimizers: list[cst.BaseExpression] = field(default_factory=list)
     keys: list[int] = field(default_factory=list)  # body indexes of keyed ifs
     device: cst.BaseExpression | None = None  # where host inputs go, for `.to(device)` inside the step
-    autocast_calls: list[cst.Call] = field(default_factory=list)
     zero_grads: list[cst.Call] = field(default_factory=list)
     # `correct += (model(x).argmax(1) == y).sum().item()`: the tensor is computed in the graph,
     # the host read runs after the replay. index -> (captured statement, host statement)

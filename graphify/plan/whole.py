@@ -36,7 +36,6 @@ from graphify.plan.base import (
     device_in_loop_scope,
     has_side_effects,
     in_loop_scope,
-    is_autocast,
     is_scaler_call,
     is_zero_grad,
     rebound_in_loop,
@@ -151,8 +150,6 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
         raise Refusal(LOOP_SHAPE, "nothing left to capture")
     for i in plan.graph:
         for n in walk(body[i]):
-            if isinstance(n, cst.WithItem) and is_autocast(n, env):
-                plan.autocast_calls.append(n.item)
             if plan.keys and is_zero_grad(n):
                 plan.zero_grads.append(n)
     region = plan.loop.region

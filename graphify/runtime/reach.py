@@ -81,7 +81,3 @@ def why_not_capturable(objects, optimizers) -> str | None:
             return f"the step uses a {name} optimizer, whose step cannot be captured"
     return None
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else "no message"

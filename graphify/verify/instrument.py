@@ -15,6 +15,8 @@ import libcst as cst
 
 from graphify.analysis.checker import Checker
 from graphify.analysis.calls import is_backward, is_model_call, is_step_op, method_call
+from graphify.analysis.discovery import runtime_helper_assignments
+from graphify.analysis.program import Program
 from graphify.engine import LoopAnalysis, analyze_module
 from graphify.analysis.statements import names_read, names_written, walk
 from graphify.analysis.values import SCHEDULER
@@ -106,7 +108,7 @@ def instrument_given(source: str, path: str, rewritten: str, settings=None) -> I
         if target is None:
             continue
         stmts = list(target.body.body) if isinstance(target.body, cst.IndentedBlock) else []
-        helpers = _helper_names(given)
+        helpers = [name for name, _ in runtime_helper_assignments(Program().add(path, rewritten, given))]
         after = [i for i, st in enumerate(stmts) if _EMPTY.code_for_node(st.with_changes(leading_lines=[])).strip() == anchor]
         after = after or [i for i, st in enumerate(stmts) if any(_calls(st, name) for name in helpers)]
         if not after:
@@ -139,16 +141,6 @@ def _context(analysis: LoopAnalysis) -> tuple[bool, bool]:
 
 def _header(loop: cst.For | cst.While) -> str:
     return _EMPTY.code_for_node(loop.with_changes(leading_lines=[])).split("\n", 1)[0].strip()
-
-
-def _helper_names(tree: cst.Module) -> list[str]:
-    """Names bound to a runtime helper: `step = CapturedStep(step)`, `graphed = GraphedModule(model)`."""
-    names = []
-    for n in _all_nodes(tree):
-        if isinstance(n, cst.Assign) and isinstance(n.value, cst.Call) and isinstance(n.value.func, cst.Name) \
-                and n.value.func.value in ("CapturedStep", "GraphedModule") and isinstance(n.targets[0].target, cst.Name):
-            names.append(n.targets[0].target.value)
-    return names
 
 
 def _probe(analysis: LoopAnalysis) -> tuple[int, str, bool] | None:
