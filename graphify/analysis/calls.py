@@ -60,8 +60,39 @@ def is_no_grad_item(expr: cst.BaseExpression, env: Env) -> bool:
     return False
 
 
+def is_delegated_step(call: cst.Call, env: Env) -> bool:
+    """A call that hands the loss and the optimizer to something else, which runs backward and the
+    optimizer step out of sight: `loss_scaler(loss, optimizer, clip_grad=...)`."""
+    if is_backward(call, env) or is_optimizer_step(call, env) or _defined_here(call.func, env):
+        return False
+    values = [a.value for a in call.args if not a.star]
+    return (any(env.kind_of(v) == OPTIMIZER for v in values)
+            and any(env._tensor(v, 0) is True for v in values))
+
+
+def _defined_here(func: cst.BaseExpression, env: Env) -> bool:
+    """A function or method whose body the analysis follows (the step is then seen inside it)."""
+    module = env.module
+    if module is None:
+        return False
+    if isinstance(func, cst.Name):
+        if func.value in module.functions or func.value in module.classes:
+            return True
+        imported = module.imported_module(func.value)
+        if imported is not None and imported[1] in imported[0].functions:
+            return True
+        scope = env.func.node if env.func is not None else None
+        return scope is not None and any(
+            isinstance(n, cst.FunctionDef) and n.name.value == func.value for n in _iter_nodes_all(scope.body))
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+        cls = env.func.cls if env.func is not None else None
+        return cls is not None and module.method(cls, func.attr.value) is not None
+    return False
+
+
 def is_step_op(node: cst.CSTNode, env: Env) -> bool:
-    return isinstance(node, cst.Call) and (is_backward(node, env) or is_optimizer_step(node, env))
+    return isinstance(node, cst.Call) and (
+        is_backward(node, env) or is_optimizer_step(node, env) or is_delegated_step(node, env))
 
 
 def is_periodic_gpu_branch(node: cst.If, env: Env) -> bool:

@@ -10,9 +10,7 @@ import libcst as cst
 from graphify.analysis.names import dotted
 from graphify.analysis.program import FunctionInfo, ModuleInfo
 from graphify.analysis.tree import children
-from graphify.analysis.values import (
-    Env,
-)
+from graphify.analysis.values import OPTIMIZER, Env, kind_by_name
 from graphify.analysis.calls import (
     _is_step_like,
     _iter_nodes,
@@ -121,6 +119,8 @@ class ModuleAnalysis:
                 name = f.value if isinstance(f, cst.Name) else f.attr.value if isinstance(f, cst.Attribute) else None
                 if name in self._steppers or (isinstance(f, cst.Name) and name in self.module.aliases.from_imports):
                     return True
+                if any(kind_by_name(dotted(a.value) or "") == OPTIMIZER for a in n.args):
+                    return True  # `loss_scaler(loss, optimizer, ...)`: a helper that may own the step
         return False
 
     def _hand_captured(self, func: FunctionInfo, ancestors) -> bool:
@@ -215,6 +215,9 @@ class ModuleAnalysis:
         func = call.func
         if isinstance(func, cst.Name):
             name = func.value
+            closure = self._closure(name, env)
+            if closure is not None:
+                return closure, False
             if name in module.functions:
                 return module.function_info(module.functions[name], None), False
             if name in module.classes:
@@ -246,6 +249,16 @@ class ModuleAnalysis:
                 fwd = module.method(cls, "forward")
                 if fwd is not None:
                     return module.function_info(fwd, cls), True
+        return None
+
+    def _closure(self, name: str, env: Env) -> FunctionInfo | None:
+        """A function defined inside the calling function (`def _backward(loss): ...` in the loop)."""
+        outer = env.func.node if env.func is not None else None
+        if outer is None:
+            return None
+        for node in _iter_nodes_all(outer.body):
+            if isinstance(node, cst.FunctionDef) and node.name.value == name:
+                return self.module.function_info(node, env.func.cls)
         return None
 
     def _local_class_of(self, expr: cst.BaseExpression, env: Env) -> cst.ClassDef | None:
@@ -280,8 +293,21 @@ class ModuleAnalysis:
             verdict = caller.env._tensor(arg.value, 0)
             if verdict is not None:
                 seeds[name] = verdict
+        if isinstance(call.func, cst.Name) and self._closure(call.func.value, caller.env) is info:
+            self._bind_free_names(info, env, caller.env, seeds)
         env.infer(seeds, info.scope)
         return Block(info, env, list(info.node.body.body), call, caller)
+
+    @staticmethod
+    def _bind_free_names(info: FunctionInfo, env: Env, outer: Env, seeds: dict[str, bool]) -> None:
+        """A closure reads the enclosing function's names: they mean there what they mean here."""
+        own = set(info.params) | set(info.scope.values)
+        for node in _iter_nodes_all(info.node.body):
+            if isinstance(node, cst.Name) and node.value not in own and node.value not in env.bound:
+                env.bound[node.value] = (outer, node)
+                verdict = outer._tensor(node, 0)
+                if verdict is not None:
+                    seeds[node.value] = verdict
 
     # ---- walking ----------------------------------------------------------------------------
 

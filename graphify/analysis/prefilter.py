@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import re
 
-_MARKERS = re.compile(r"\.backward\s*\(|\.step\s*\(|no_grad|inference_mode|autograd\.backward")
+_MARKERS = re.compile(r"\.backward\s*\(|\.step\s*\(|no_grad|inference_mode|autograd\.backward|[(,]\s*opt")
 _STEP_ATTRS = {"backward", "step", "manual_backward"}
 _NO_GRAD = ("no_grad", "inference_mode", "set_grad_enabled")
 
@@ -34,6 +34,11 @@ def _calls_step(node: ast.AST) -> bool:
 
 def _mentions_no_grad(node: ast.AST) -> bool:
     return any(isinstance(n, (ast.Name, ast.Attribute)) and (getattr(n, "id", None) or getattr(n, "attr", "")) in _NO_GRAD for n in ast.walk(node))
+
+
+def _names_optimizer(arg: ast.AST) -> bool:
+    name = arg.id if isinstance(arg, ast.Name) else arg.attr if isinstance(arg, ast.Attribute) else ""
+    return name.lower().startswith("opt") or name.lower().endswith(("_opt", "optimizer"))
 
 
 class _Scan:
@@ -63,6 +68,6 @@ class _Scan:
         for n in ast.walk(loop):
             if isinstance(n, ast.Call):
                 name = n.func.id if isinstance(n.func, ast.Name) else n.func.attr if isinstance(n.func, ast.Attribute) else None
-                if name in self.steppers:
-                    return True
+                if name in self.steppers or any(_names_optimizer(a) for a in n.args):
+                    return True  # a helper handed the optimizer (`loss_scaler(loss, optimizer)`)
         return False

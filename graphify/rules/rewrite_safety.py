@@ -1,8 +1,14 @@
 """rewrite-safety: why `graphify rewrite` leaves a loop alone when capture would change its training.
 
-These rules are decided by the rewrite planner's dataflow rule (graphify/plan/dataflow.py), not by
-a pattern of their own: `check` reports them where the planner refused a loop.
+GFY701-706 are decided by the rewrite planner's dataflow rule (graphify/plan/dataflow.py), not by
+a pattern of their own: `check` reports them where the planner refused a loop. GFY707 is a pattern:
+the step handed to code the analysis cannot see.
 """
+import libcst as cst
+
+from graphify.analysis.calls import is_delegated_step
+from graphify.analysis.checker import code_of
+from graphify.analysis.values import SCALER
 from graphify.rules.registry import rule
 
 PER_STEP_HOST_VALUE = rule("GFY701", "per-step-host-value", "rewrite-safety", "error", "the step reads a Python value that changes between steps; capture would freeze it", False)
@@ -12,7 +18,9 @@ ORDER = rule("GFY704", "order-dependent-host-statement", "rewrite-safety", "erro
 HOST_BRANCH_IN_STEP = rule("GFY705", "host-branch-with-else-in-step", "rewrite-safety", "error", "a host `if` with an `else` (or on one line) inside the step; one graph per outcome is not built for it", False)
 LOOP_SHAPE = rule("GFY706", "unsupported-loop-shape", "rewrite-safety", "error", "the loop's shape is not one the rewrite handles (`else:` clause, step outside the loop body, GradScaler step before backward)", False)
 
-RULES = (PER_STEP_HOST_VALUE, HOST_SIDE_EFFECT, MUTATED_STATE, ORDER, HOST_BRANCH_IN_STEP, LOOP_SHAPE)
+OPAQUE_STEP = rule("GFY707", "step-inside-opaque-helper", "rewrite-safety", "error", "the loss and the optimizer are handed to a callable defined elsewhere, which runs the step out of sight", False)
+
+RULES = (PER_STEP_HOST_VALUE, HOST_SIDE_EFFECT, MUTATED_STATE, ORDER, HOST_BRANCH_IN_STEP, LOOP_SHAPE, OPAQUE_STEP)
 
 FIXES = {
     "GFY701": "keep the value on the device and update it in place before the step (`t.fill_(value)`), or make it constant for the loop",
@@ -25,5 +33,7 @@ FIXES = {
 
 
 def check(ck):
-    """The planner decides these; there is nothing to find by pattern."""
-    return iter(())
+    for node, site in ck.nodes():
+        if isinstance(node, cst.Call) and is_delegated_step(node, site.env) and site.env.kind_of(node.func) != SCALER:
+            yield ck.finding(OPAQUE_STEP, node, site, f"`{code_of(node.func)}(...)` is handed the loss and the optimizer; what it runs is not visible",
+                             "call `loss.backward()` and `optimizer.step()` in the loop, or in a function of the checked files")

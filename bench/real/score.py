@@ -1,0 +1,169 @@
+"""Score `graphify check` against the hand labels of the real-world suite.
+
+    python bench/real/restore.py            # once: the scripts, byte-exact, into bench/real/src/
+    python bench/real/score.py [--details] [--out bench/results/real_check.md]
+
+Per script and in total:
+  * breakers: recall and precision of (line, category) pairs; labels marked `ambiguous` count
+    neither as a miss nor, when reported, as a false alarm;
+  * loops found: labelled loops that `check` reports at the same line, and loops it reports that
+    are not labelled;
+  * verdicts: of the loops found, those whose verdict equals the label.
+Labels follow bench/real/LABELS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from restore import DEFAULT_DEST, HERE, load_manifest, restored_path  # noqa: E402
+
+LABELS = HERE / "labels"
+
+
+@dataclass
+class Score:
+    hits: int = 0
+    labelled: int = 0
+    reported: int = 0
+    loops_labelled: int = 0
+    loops_found: int = 0
+    loops_extra: int = 0
+    verdicts_right: int = 0
+    missed: list[str] = field(default_factory=list)
+    false_alarms: list[str] = field(default_factory=list)
+    loop_notes: list[str] = field(default_factory=list)
+
+    def add(self, other: "Score") -> None:
+        for name in ("hits", "labelled", "reported", "loops_labelled", "loops_found", "loops_extra",
+                     "verdicts_right"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @property
+    def recall(self) -> float:
+        return self.hits / self.labelled if self.labelled else 1.0
+
+    @property
+    def precision(self) -> float:
+        return self.hits / self.reported if self.reported else 1.0
+
+
+def load_labels(path: Path) -> dict:
+    with path.open("rb") as handle:
+        return tomllib.load(handle)
+
+
+def score_file(labels: dict, diagnostics: list[tuple[int, str, str]],
+               loops: list[tuple[int, str, str]]) -> Score:
+    """diagnostics: (line, category, code); loops: (line, kind, verdict), as `check` reports them."""
+    score = Score()
+    wanted = {(b["line"], b["category"]) for b in labels.get("breaker", []) if not b.get("ambiguous")}
+    tolerated = {(b["line"], b["category"]) for b in labels.get("breaker", []) if b.get("ambiguous")}
+    codes: dict[tuple[int, str], str] = {}
+    for line, category, code in diagnostics:
+        codes.setdefault((line, category), code)
+    reported = set(codes) - tolerated
+    score.labelled, score.reported = len(wanted), len(reported)
+    score.hits = len(wanted & reported)
+    score.missed = [f"{line}: {category}" for line, category in sorted(wanted - reported)]
+    score.false_alarms = [f"{line}: {category} ({codes[line, category]})"
+                          for line, category in sorted(reported - wanted)]
+    found = {line: (kind, verdict) for line, kind, verdict in loops}
+    labelled_loops = [lp for lp in labels.get("loop", []) if not lp.get("ambiguous")]
+    score.loops_labelled = len(labelled_loops)
+    for loop in labelled_loops:
+        if loop["line"] not in found:
+            score.loop_notes.append(f"loop {loop['line']} ({loop['kind']}) not found")
+            continue
+        score.loops_found += 1
+        verdict = found[loop["line"]][1]
+        if verdict == loop["verdict"]:
+            score.verdicts_right += 1
+        else:
+            score.loop_notes.append(f"loop {loop['line']}: {verdict}, labelled {loop['verdict']}")
+    known = {lp["line"] for lp in labels.get("loop", [])}
+    for line in sorted(set(found) - known):
+        score.loops_extra += 1
+        score.loop_notes.append(f"loop {line} ({found[line][0]}) reported, not labelled")
+    return score
+
+
+def check_file(path: Path) -> tuple[list[tuple[int, str, str]], list[tuple[int, str, str]]]:
+    from graphify.config import Settings
+    from graphify.engine import analyze_source
+
+    report = analyze_source(path.read_text(encoding="utf-8"), str(path), Settings())
+    diagnostics = [(d.line, d.rule.category, d.rule.code) for d in report.diagnostics]
+    loops = [(lp.line, lp.kind, lp.verdict.value) for lp in report.loops]
+    return diagnostics, loops
+
+
+def _ratio(part: int, whole: int) -> str:
+    return f"{part / whole:.2f} ({part}/{whole})" if whole else "n/a"
+
+
+def render(rows: list[tuple[str, Score]], total: Score, details: bool, seconds: float) -> str:
+    lines = [
+        "# `graphify check` on the labelled real-world suite",
+        "",
+        f"{len(rows)} scripts; labels: bench/real/labels/ (rules: bench/real/LABELS.md); "
+        f"analysis time {seconds:.1f} s in one process.",
+        "",
+        "| | value |",
+        "| --- | --- |",
+        f"| breaker recall (line+category) | {_ratio(total.hits, total.labelled)} |",
+        f"| breaker precision | {_ratio(total.hits, total.reported)} |",
+        f"| loops found | {_ratio(total.loops_found, total.loops_labelled)} |",
+        f"| loops reported, not labelled | {total.loops_extra} |",
+        f"| verdicts right (of loops found) | {_ratio(total.verdicts_right, total.loops_found)} |",
+        "",
+        "| script | recall | precision | loops found | verdicts right |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, s in rows:
+        lines.append(f"| {name} | {_ratio(s.hits, s.labelled)} | {_ratio(s.hits, s.reported)} | "
+                     f"{s.loops_found}/{s.loops_labelled} | {s.verdicts_right}/{s.loops_found} |")
+    if details:
+        lines += ["", "## Differences", ""]
+        for name, s in rows:
+            notes = ([f"missed {m}" for m in s.missed] + [f"false alarm {f}" for f in s.false_alarms]
+                     + s.loop_notes)
+            if notes:
+                lines.append(f"* **{name}**: " + "; ".join(notes))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--src", type=Path, default=DEFAULT_DEST)
+    parser.add_argument("--details", action="store_true", help="list every difference")
+    parser.add_argument("--out", type=Path, help="also write the table to this file")
+    parser.add_argument("--only", nargs="*", default=None)
+    args = parser.parse_args(argv)
+    rows, total, started = [], Score(), time.perf_counter()
+    for entry in load_manifest():
+        label_file = LABELS / f"{entry['id']}.toml"
+        if (args.only is not None and entry["id"] not in args.only) or not label_file.is_file():
+            continue
+        source = restored_path(entry, args.src)
+        if not source.is_file():
+            print(f"{source}: missing; run python bench/real/restore.py first", file=sys.stderr)
+            return 2
+        score = score_file(load_labels(label_file), *check_file(source))
+        rows.append((entry["id"], score))
+        total.add(score)
+    text = render(rows, total, args.details, time.perf_counter() - started)
+    print(text, end="")
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
