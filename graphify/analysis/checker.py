@@ -52,13 +52,15 @@ LOGGING_METHODS = {
     "add_histogram", "add_image", "add_text", "log_metrics", "log_metric", "set_postfix", "set_postfix_str",
     "set_description", "set_description_str", "write",
 }
+METER_METHODS = {"update", "log_dict", "add"}
+METER_NAME_HINTS = ("meter", "metric_logger", "logger", "tracker", "stats")
 LOGGER_NAME_HINTS = ("log", "writer", "wandb", "mlflow", "tb", "summary", "pbar", "bar", "progress", "tqdm", "run", "experiment", "accelerator", "console", "self")
 
 
 def is_logging_call(call: cst.Call, env: Env) -> bool:
     func = call.func
     if isinstance(func, cst.Name):
-        return func.value == "print"
+        return func.value == "print" or func.value.startswith(("progress_bar", "log_"))
     qual = env.qualify(func) or ""
     if qual.startswith(("logging.", "wandb.", "mlflow.", "tqdm.write", "tqdm.tqdm.write", "sys.stdout.write", "sys.stderr.write")):
         return True
@@ -66,11 +68,16 @@ def is_logging_call(call: cst.Call, env: Env) -> bool:
     if m is None:
         return False
     receiver, name = m
+    while isinstance(receiver, cst.Subscript):  # metric_logger.meters['acc1'].update(...)
+        receiver = receiver.value
     if name == "print":
         return True
+    recv = (dotted(receiver) or "").lower()
+    if name in METER_METHODS and any(h in part for part in recv.split(".") for h in METER_NAME_HINTS):
+        # metric_logger.update(loss=loss_value): host bookkeeping; a meter fed tensors does device math
+        return not any(env._tensor(a.value, 0) for a in call.args)
     if name not in LOGGING_METHODS:
         return False
-    recv = (dotted(receiver) or "").lower()
     if name == "log" and recv == "self":
         return True  # LightningModule.log
     if name in ("write",) and not any(h in recv for h in ("pbar", "bar", "tqdm", "stdout", "stderr")):
@@ -157,6 +164,19 @@ class Checker:
                 ):
                     names.add(target)
                     changed = True
+        return names
+
+    @cached_property
+    def assigned_in_loop(self) -> set[str]:
+        """Names (re)bound anywhere in the loop body, the loop target included."""
+        names = set()
+        if isinstance(self.loop.node, cst.For):
+            names.update(n.value for n in iter_nodes(self.loop.node.target) if isinstance(n, cst.Name))
+        for node in iter_nodes(self.loop.node.body):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else \
+                [node.target] if isinstance(node, (cst.AugAssign, cst.AnnAssign)) else []
+            for target in targets:
+                names.update(n.value for n in iter_nodes(target) if isinstance(n, cst.Name))
         return names
 
     # ---- host reads -----------------------------------------------------------------------

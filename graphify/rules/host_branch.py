@@ -2,6 +2,7 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of
+from graphify.analysis.names import dotted
 from graphify.analysis.calls import is_optimizer_step, is_periodic_gpu_branch, iter_nodes, method_call
 from graphify.analysis.statements import does_gpu_work
 from graphify.analysis.values import MODEL, OPTIMIZER, SCALER
@@ -33,11 +34,34 @@ def _reads_counter(test, ck) -> bool:
     return any(isinstance(n, cst.Name) and n.value in counters for n in iter_nodes(test))
 
 
+_CONFIG_ROOTS = {"args", "opt", "opts", "config", "cfg", "conf", "hparams", "params", "flags", "FLAGS", "hp", "settings"}
+
+
+def _run_constant(test, ck) -> bool:
+    """A test on configuration that the loop never changes: `if args.autotune:`, `if scaler is not
+    None:`, `if args.accum_freq == 1:`. It takes the same branch on every step, so it is no
+    accumulation schedule; the runtime's first call sees which way it goes."""
+    changed = ck.counters | ck.assigned_in_loop
+    inner = {id(n.value) for n in iter_nodes(test) if isinstance(n, cst.Attribute)}
+    for n in iter_nodes(test):
+        if isinstance(n, cst.Call):
+            return False
+        if isinstance(n, cst.Name) and n.value in changed:
+            return False
+        if isinstance(n, cst.Attribute) and id(n) not in inner:
+            parts = (dotted(n) or "").split(".")
+            if parts[0] == "self":
+                parts = parts[1:]
+            if len(parts) < 2 or parts[0] not in _CONFIG_ROOTS:
+                return False
+    return True
+
+
 def check(ck):
     for node, site in ck.nodes():
         if not isinstance(node, cst.If) or site.env._tensor(node.test, 0) is True:
             continue
-        if _steps_optimizer(node.body, site.env):
+        if _steps_optimizer(node.body, site.env) and not _run_constant(node.test, ck):
             yield ck.finding(ACCUMULATION, node, site, f"optimizer step under host condition `{code_of(node.test)}`",
                              "capture one graph per accumulation cycle (graphify rewrite does this for `step % k` conditions)",
                              _is_counter_modulo(node.test))

@@ -19,8 +19,9 @@ NUMPY = rule("GFY004", "tensor-numpy", "host-sync", "error", "`.numpy()` needs t
 SCALAR = rule("GFY005", "tensor-to-python-scalar", "host-sync", "error", "`float()`, `int()`, `bool()` of a tensor read its value on the host", True)
 FORMAT = rule("GFY006", "tensor-formatted", "host-sync", "error", "a tensor printed, logged or formatted into a string is read on the host", True)
 SYNCHRONIZE = rule("GFY007", "cuda-synchronize", "host-sync", "error", "`torch.cuda.synchronize()` and stream/event synchronization are illegal during capture", True)
-DYNAMIC_OUTPUT = rule("GFY008", "data-dependent-output-size", "host-sync", "error", "`nonzero`, `unique`, `masked_select`, one-argument `where` size their output from data", False)
-MASK_INDEX = rule("GFY009", "boolean-mask-indexing", "host-sync", "error", "indexing with a boolean mask gives a data-dependent shape", False)
+# Sized from data: a dynamic shape first (the sync follows from it), so their category is dynamic-shape.
+DYNAMIC_OUTPUT = rule("GFY008", "data-dependent-output-size", "dynamic-shape", "error", "`nonzero`, `unique`, `masked_select`, one-argument `where` size their output from data", False)
+MASK_INDEX = rule("GFY009", "boolean-mask-indexing", "dynamic-shape", "error", "indexing with a boolean mask gives a data-dependent shape", False)
 CLIP_NONFINITE = rule("GFY010", "clip-error-if-nonfinite", "host-sync", "error", "`clip_grad_norm_(..., error_if_nonfinite=True)` checks the norm on the host", False)
 EMPTY_CACHE = rule("GFY011", "empty-cache-in-step", "host-sync", "error", "`torch.cuda.empty_cache()` in the step: costly, and on some PyTorch versions it breaks capture", True)
 
