@@ -238,7 +238,6 @@ class ModuleAnalysis:
                 method = module.method(env.func.cls, func.attr.value)
                 if method is not None:
                     return module.function_info(method, env.func.cls), True
-                return None
             cls = self._local_class_of(owner, env)
             if cls is not None:
                 method = module.method(cls, func.attr.value)

@@ -3,6 +3,7 @@ import libcst as cst
 
 from graphify.analysis.checker import code_of
 from graphify.analysis.calls import iter_nodes
+from graphify.rules.devices import legacy_tensor_type
 from graphify.rules.registry import rule
 
 HOST_DATA = rule("GFY201", "tensor-from-host-data", "in-loop-allocation", "error", "`torch.tensor`/`as_tensor`/`from_numpy` of host data: the value is frozen at capture", True)
@@ -13,6 +14,13 @@ RULES = (HOST_DATA, FACTORY_HOST_ARGS)
 
 _FROM_HOST = {"tensor", "as_tensor", "from_numpy", "Tensor", "FloatTensor", "LongTensor", "IntTensor", "BoolTensor",
               "HalfTensor", "DoubleTensor", "ByteTensor"}
+def _host_data(expr, env) -> bool:
+    """Values, not sizes: a list literal or something numpy built."""
+    if isinstance(expr, (cst.List, cst.Tuple, cst.ListComp)):
+        return True
+    return isinstance(expr, cst.Call) and (env.qualify(expr.func) or "").startswith("numpy.")
+
+
 _FACTORIES = {"zeros", "ones", "full", "empty", "arange", "linspace", "logspace", "randn", "rand", "randint",
               "randperm", "eye", "normal"}
 
@@ -21,6 +29,9 @@ def check(ck):
     for call, site in ck.calls():
         env = site.env
         qual = env.qualify(call.func) or ""
+        if not qual.startswith("torch.") and call.args and legacy_tensor_type(call.func, env) \
+                and _host_data(call.args[0].value, env):
+            qual = "torch.Tensor"  # Tensor(np.random.normal(...)), Tensor = torch.cuda.FloatTensor
         if not qual.startswith("torch."):
             continue
         last = qual.rsplit(".", 1)[-1]

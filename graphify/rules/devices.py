@@ -29,6 +29,19 @@ def _host_factory(expr, env, step_values, depth=0):
     return bool(name) and any(_host_factory(v, env, step_values, depth + 1) for v in step_values.get(name, []))
 
 
+def legacy_tensor_type(expr, env, cuda: bool = False, depth: int = 0) -> bool:
+    """`torch.FloatTensor`, `torch.cuda.LongTensor`, or a name bound to one (through `a if c else b`)."""
+    if depth > 3:
+        return False
+    if isinstance(expr, cst.IfExp):
+        return legacy_tensor_type(expr.body, env, cuda, depth + 1) or legacy_tensor_type(expr.orelse, env, cuda, depth + 1)
+    qual = env.qualify(expr) or ""
+    if qual.startswith("torch.") and qual.endswith("Tensor") and (not cuda or qual.startswith("torch.cuda.")):
+        return True
+    name = dotted(expr)
+    return bool(name) and any(legacy_tensor_type(v, env, cuda, depth + 1) for v in env.values_of(name))
+
+
 def is_device_copy(call, env) -> bool:
     m = method_call(call)
     if m is None:
@@ -36,6 +49,9 @@ def is_device_copy(call, env) -> bool:
     receiver, name = m
     if name == "cuda":
         pass
+    elif name == "type":  # imgs.type(Tensor), Tensor = torch.cuda.FloatTensor if cuda else ...
+        if not (call.args and legacy_tensor_type(call.args[0].value, env, cuda=True)):
+            return False
     elif name == "to":
         device = kwarg(call, "device")
         first = call.args[0].value if call.args and call.args[0].keyword is None else None
