@@ -253,7 +253,11 @@ class ModuleAnalysis:
     def _closure(self, name: str, env: Env) -> FunctionInfo | None:
         """A function defined inside the calling function (`def _backward(loss): ...` in the loop)."""
         outer = env.func.node if env.func is not None else None
-        if outer is None:
+        if outer is None:  # module-level code: functions defined in its loops and branches
+            tops = {id(stmt) for stmt in env.module.tree.body}
+            for node in _iter_nodes_all(env.module.tree):
+                if isinstance(node, cst.FunctionDef) and node.name.value == name and id(node) not in tops:
+                    return self.module.function_info(node, None)
             return None
         for node in _iter_nodes_all(outer.body):
             if isinstance(node, cst.FunctionDef) and node.name.value == name:

@@ -75,6 +75,7 @@ def make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode) -> Pl
     if not anchors or not starts:
         raise Refusal(LOOP_SHAPE, "the step is not in the loop body")
     plan = Plan(loop, loop.kind, first=min(starts[0], anchors[0]), last=anchors[-1])
+    _refuse_closures(plan, body)
     _split_step(plan, body, env)
     _pull_in_zero_grad(plan, body, env)
     dataflow.check_captured_code(plan, body, refuse)
@@ -84,6 +85,16 @@ def make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode) -> Pl
     for i in sorted(plan.after):
         dataflow.check_moved_statement(plan, body, i, refuse)
     return plan
+
+
+def _refuse_closures(plan: Plan, body: list[cst.BaseStatement]) -> None:
+    """A function or lambda defined in the loop reads the loop's names when it is called, not through
+    the step's inputs: a replay would run it on the tensors of the capture."""
+    for i, stmt in enumerate(body):
+        for n in walk(stmt):
+            if isinstance(n, (cst.FunctionDef, cst.ClassDef)) or (
+                    isinstance(n, cst.Lambda) and plan.first <= i <= plan.last):
+                raise Refusal(LOOP_SHAPE, "a function defined inside the loop reads its names at call time", n)
 
 
 def _calls_into_step(loop: Loop) -> tuple[set[int], set[int]]:

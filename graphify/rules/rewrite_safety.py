@@ -16,7 +16,7 @@ HOST_SIDE_EFFECT = rule("GFY702", "host-side-effect-in-step", "rewrite-safety", 
 MUTATED_STATE = rule("GFY703", "mutated-host-state", "rewrite-safety", "error", "an attribute or module mode the step depends on is changed in the loop or inside the step", False)
 ORDER = rule("GFY704", "order-dependent-host-statement", "rewrite-safety", "error", "a host statement inside the step cannot move out of it without changing the order of effects", False)
 HOST_BRANCH_IN_STEP = rule("GFY705", "host-branch-with-else-in-step", "rewrite-safety", "error", "a host `if` with an `else` (or on one line) inside the step; one graph per outcome is not built for it", False)
-LOOP_SHAPE = rule("GFY706", "unsupported-loop-shape", "rewrite-safety", "error", "the loop's shape is not one the rewrite handles (`else:` clause, step outside the loop body, GradScaler step before backward)", False)
+LOOP_SHAPE = rule("GFY706", "unsupported-loop-shape", "rewrite-safety", "error", "the loop's shape is not one the rewrite handles (`else:` clause, step outside the loop body, GradScaler step before backward, a function defined in the loop)", False)
 
 OPAQUE_STEP = rule("GFY707", "step-inside-opaque-helper", "rewrite-safety", "error", "the loss and the optimizer are handed to a callable defined elsewhere, which runs the step out of sight", False)
 
@@ -28,7 +28,7 @@ FIXES = {
     "GFY703": "keep such state on the device, or constant for the loop; change modes outside the step",
     "GFY704": "put host work before the forward pass or after the optimizer step",
     "GFY705": "write the branch as `if` without `else`, or move it out of the step",
-    "GFY706": "keep the step in the loop body, and `else:` logic after the loop",
+    "GFY706": "keep the step in the loop body (not in functions defined in the loop), and `else:` logic after the loop",
 }
 
 
