@@ -7,7 +7,7 @@ from typing import Iterator
 import libcst as cst
 
 from graphify.analysis.names import dotted
-from graphify.analysis.tree import children
+from graphify.analysis.tree import children, memo
 from graphify.analysis.values import (
     DDP,
     ENV,
@@ -63,11 +63,27 @@ def is_no_grad_item(expr: cst.BaseExpression, env: Env) -> bool:
 def is_delegated_step(call: cst.Call, env: Env) -> bool:
     """A call that hands the loss and the optimizer to something else, which runs backward and the
     optimizer step out of sight: `loss_scaler(loss, optimizer, clip_grad=...)`."""
-    if is_backward(call, env) or is_optimizer_step(call, env) or _defined_here(call.func, env):
-        return False
     values = [a.value for a in call.args if not a.star]
+    if len(values) < 2 or is_backward(call, env) or is_optimizer_step(call, env):
+        return False
     return (any(env.kind_of(v) == OPTIMIZER for v in values)
-            and any(env._tensor(v, 0) is True for v in values))
+            and any(env._tensor(v, 0) is True for v in values)
+            and not _defined_here(call.func, env))
+
+
+_NESTED: dict[int, tuple[cst.FunctionDef, dict[str, cst.FunctionDef]]] = memo()
+
+
+def nested_functions(outer: cst.FunctionDef) -> dict[str, cst.FunctionDef]:
+    """Functions defined anywhere inside `outer` (closures), by name; computed once per function."""
+    cached = _NESTED.get(id(outer))
+    if cached is None or cached[0] is not outer:
+        found = {}
+        for n in _iter_nodes_all(outer.body):
+            if isinstance(n, cst.FunctionDef):
+                found.setdefault(n.name.value, n)
+        cached = _NESTED[id(outer)] = (outer, found)
+    return cached[1]
 
 
 def _defined_here(func: cst.BaseExpression, env: Env) -> bool:
@@ -82,8 +98,7 @@ def _defined_here(func: cst.BaseExpression, env: Env) -> bool:
         if imported is not None and imported[1] in imported[0].functions:
             return True
         scope = env.func.node if env.func is not None else None
-        return scope is not None and any(
-            isinstance(n, cst.FunctionDef) and n.name.value == func.value for n in _iter_nodes_all(scope.body))
+        return scope is not None and func.value in nested_functions(scope)
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
         cls = env.func.cls if env.func is not None else None
         return cls is not None and module.method(cls, func.attr.value) is not None
@@ -144,3 +159,12 @@ def iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     return _iter_nodes(node)
 
 
+def bind_free_names(info, env: Env, outer: Env, seeds: dict[str, bool]) -> None:
+    """A closure reads the enclosing function's names: they mean there what they mean here."""
+    own = set(info.params) | set(info.scope.values)
+    for node in _iter_nodes_all(info.node.body):
+        if isinstance(node, cst.Name) and node.value not in own and node.value not in env.bound:
+            env.bound[node.value] = (outer, node)
+            verdict = outer._tensor(node, 0)
+            if verdict is not None:
+                seeds[node.value] = verdict

@@ -15,6 +15,8 @@ from graphify.analysis.calls import (
     _is_step_like,
     _iter_nodes,
     _iter_nodes_all,
+    bind_free_names,
+    nested_functions,
     _mentions_no_grad,
     is_model_call,
     is_no_grad_item,
@@ -254,15 +256,21 @@ class ModuleAnalysis:
         """A function defined inside the calling function (`def _backward(loss): ...` in the loop)."""
         outer = env.func.node if env.func is not None else None
         if outer is None:  # module-level code: functions defined in its loops and branches
-            tops = {id(stmt) for stmt in env.module.tree.body}
-            for node in _iter_nodes_all(env.module.tree):
-                if isinstance(node, cst.FunctionDef) and node.name.value == name and id(node) not in tops:
-                    return self.module.function_info(node, None)
-            return None
-        for node in _iter_nodes_all(outer.body):
-            if isinstance(node, cst.FunctionDef) and node.name.value == name:
-                return self.module.function_info(node, env.func.cls)
-        return None
+            node = self._module_level_closures.get(name)
+            return self.module.function_info(node, None) if node is not None else None
+        node = nested_functions(outer).get(name)
+        return self.module.function_info(node, env.func.cls) if node is not None else None
+
+    @cached_property
+    def _module_level_closures(self) -> dict[str, cst.FunctionDef]:
+        tree = self.module.tree
+        found: dict[str, cst.FunctionDef] = {}
+        for stmt in tree.body:
+            if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                for node in _iter_nodes_all(stmt):
+                    if isinstance(node, cst.FunctionDef):
+                        found.setdefault(node.name.value, node)
+        return found
 
     def _local_class_of(self, expr: cst.BaseExpression, env: Env) -> cst.ClassDef | None:
         name = dotted(expr)
@@ -297,20 +305,9 @@ class ModuleAnalysis:
             if verdict is not None:
                 seeds[name] = verdict
         if isinstance(call.func, cst.Name) and self._closure(call.func.value, caller.env) is info:
-            self._bind_free_names(info, env, caller.env, seeds)
+            bind_free_names(info, env, caller.env, seeds)
         env.infer(seeds, info.scope)
         return Block(info, env, list(info.node.body.body), call, caller)
-
-    @staticmethod
-    def _bind_free_names(info: FunctionInfo, env: Env, outer: Env, seeds: dict[str, bool]) -> None:
-        """A closure reads the enclosing function's names: they mean there what they mean here."""
-        own = set(info.params) | set(info.scope.values)
-        for node in _iter_nodes_all(info.node.body):
-            if isinstance(node, cst.Name) and node.value not in own and node.value not in env.bound:
-                env.bound[node.value] = (outer, node)
-                verdict = outer._tensor(node, 0)
-                if verdict is not None:
-                    seeds[node.value] = verdict
 
     # ---- walking ----------------------------------------------------------------------------
 

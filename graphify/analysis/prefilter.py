@@ -10,7 +10,8 @@ from __future__ import annotations
 import ast
 import re
 
-_MARKERS = re.compile(r"\.backward\s*\(|\.step\s*\(|no_grad|inference_mode|autograd\.backward|[(,]\s*opt")
+_MARKERS = re.compile(r"\.backward\s*\(|\.step\s*\(|no_grad|inference_mode|autograd\.backward|[(,]\s*(?:opt|optim|optimi[sz]er|\w+_opt|\w+_optim|\w+_optimi[sz]er)\s*[,)]")
+_OPTIMIZER_NAME = re.compile(r"^(opt|optim|optimi[sz]er)(_\w+|[GD])?$|^\w+_(opt|optim|optimi[sz]er)$", re.I)
 _STEP_ATTRS = {"backward", "step", "manual_backward"}
 _NO_GRAD = ("no_grad", "inference_mode", "set_grad_enabled")
 
@@ -38,7 +39,7 @@ def _mentions_no_grad(node: ast.AST) -> bool:
 
 def _names_optimizer(arg: ast.AST) -> bool:
     name = arg.id if isinstance(arg, ast.Name) else arg.attr if isinstance(arg, ast.Attribute) else ""
-    return name.lower().startswith("opt") or name.lower().endswith(("_opt", "optimizer"))
+    return _OPTIMIZER_NAME.match(name) is not None
 
 
 class _Scan:

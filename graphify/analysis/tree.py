@@ -51,6 +51,17 @@ def children(node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
     return kids
 
 
+_MEMOS: list[dict] = [_CACHE]
+
+
+def memo() -> dict:
+    """A per-module memo of node facts, keyed by id(node); `forget()` clears it with the others."""
+    table: dict = {}
+    _MEMOS.append(table)
+    return table
+
+
 def forget() -> None:
-    """Drop the memo (between modules), so a long run does not keep old trees alive."""
-    _CACHE.clear()
+    """Drop the memos (between modules), so a long run does not keep old trees alive."""
+    for table in _MEMOS:
+        table.clear()
