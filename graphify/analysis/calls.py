@@ -71,19 +71,29 @@ def is_delegated_step(call: cst.Call, env: Env) -> bool:
             and not _defined_here(call.func, env))
 
 
-_NESTED: dict[int, tuple[cst.FunctionDef, dict[str, cst.FunctionDef]]] = memo()
+_NESTED: dict[int, tuple[cst.CSTNode, dict[str, cst.FunctionDef]]] = memo()
 
 
-def nested_functions(outer: cst.FunctionDef) -> dict[str, cst.FunctionDef]:
+def nested_functions(outer: cst.FunctionDef | cst.Module) -> dict[str, cst.FunctionDef]:
     """Functions defined anywhere inside `outer` (closures), by name; computed once per function."""
     cached = _NESTED.get(id(outer))
     if cached is None or cached[0] is not outer:
         found = {}
-        for n in _iter_nodes_all(outer.body):
-            if isinstance(n, cst.FunctionDef):
-                found.setdefault(n.name.value, n)
+        # in a module, its own top-level functions are module functions, not closures
+        stmts = [s for s in outer.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))] \
+            if isinstance(outer, cst.Module) else [outer.body]
+        for stmt in stmts:
+            for n in _iter_nodes_all(stmt):
+                if isinstance(n, cst.FunctionDef):
+                    found.setdefault(n.name.value, n)
         cached = _NESTED[id(outer)] = (outer, found)
     return cached[1]
+
+
+def local_function(name: str, env: Env) -> cst.FunctionDef | None:
+    """A function defined inside the calling function, or in a loop or branch of module-level code."""
+    outer = env.func.node if env.func is not None and env.func.node is not None else env.module.tree
+    return nested_functions(outer).get(name)
 
 
 def _defined_here(func: cst.BaseExpression, env: Env) -> bool:
@@ -97,8 +107,7 @@ def _defined_here(func: cst.BaseExpression, env: Env) -> bool:
         imported = module.imported_module(func.value)
         if imported is not None and imported[1] in imported[0].functions:
             return True
-        scope = env.func.node if env.func is not None else None
-        return scope is not None and func.value in nested_functions(scope)
+        return local_function(func.value, env) is not None
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
         cls = env.func.cls if env.func is not None else None
         return cls is not None and module.method(cls, func.attr.value) is not None

@@ -10,6 +10,7 @@ import libcst as cst
 
 from graphify.analysis.calls import is_model_call, is_optimizer_step, is_step_op, iter_nodes, method_call
 from graphify.analysis.region import Loop, Site
+from graphify.analysis.scope import collect_scope
 from graphify.analysis.targets import unwrap_iterable
 from graphify.analysis.names import dotted
 from graphify.analysis.program import ModuleInfo
@@ -169,14 +170,9 @@ class Checker:
     @cached_property
     def assigned_in_loop(self) -> set[str]:
         """Names (re)bound anywhere in the loop body, the loop target included."""
-        names = set()
+        names = set(collect_scope(self.loop.node.body).values)
         if isinstance(self.loop.node, cst.For):
             names.update(n.value for n in iter_nodes(self.loop.node.target) if isinstance(n, cst.Name))
-        for node in iter_nodes(self.loop.node.body):
-            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else \
-                [node.target] if isinstance(node, (cst.AugAssign, cst.AnnAssign)) else []
-            for target in targets:
-                names.update(n.value for n in iter_nodes(target) if isinstance(n, cst.Name))
         return names
 
     # ---- host reads -----------------------------------------------------------------------

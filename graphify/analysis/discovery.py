@@ -16,7 +16,7 @@ from graphify.analysis.calls import (
     _iter_nodes,
     _iter_nodes_all,
     bind_free_names,
-    nested_functions,
+    local_function,
     _mentions_no_grad,
     is_model_call,
     is_no_grad_item,
@@ -253,24 +253,9 @@ class ModuleAnalysis:
         return None
 
     def _closure(self, name: str, env: Env) -> FunctionInfo | None:
-        """A function defined inside the calling function (`def _backward(loss): ...` in the loop)."""
-        outer = env.func.node if env.func is not None else None
-        if outer is None:  # module-level code: functions defined in its loops and branches
-            node = self._module_level_closures.get(name)
-            return self.module.function_info(node, None) if node is not None else None
-        node = nested_functions(outer).get(name)
-        return self.module.function_info(node, env.func.cls) if node is not None else None
-
-    @cached_property
-    def _module_level_closures(self) -> dict[str, cst.FunctionDef]:
-        tree = self.module.tree
-        found: dict[str, cst.FunctionDef] = {}
-        for stmt in tree.body:
-            if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-                for node in _iter_nodes_all(stmt):
-                    if isinstance(node, cst.FunctionDef):
-                        found.setdefault(node.name.value, node)
-        return found
+        """A function defined inside the calling code (`def _backward(loss): ...` in the loop)."""
+        node = local_function(name, env)
+        return self.module.function_info(node, env.func.cls if env.func is not None else None) if node is not None else None
 
     def _local_class_of(self, expr: cst.BaseExpression, env: Env) -> cst.ClassDef | None:
         name = dotted(expr)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import ast
 import re
 
+from graphify.analysis.values import OPTIMIZER, kind_by_name
+
 _MARKERS = re.compile(r"\.backward\s*\(|\.step\s*\(|no_grad|inference_mode|autograd\.backward|[(,]\s*(?:opt|optim|optimi[sz]er|\w+_opt|\w+_optim|\w+_optimi[sz]er)\s*[,)]")
-_OPTIMIZER_NAME = re.compile(r"^(opt|optim|optimi[sz]er)(_\w+|[GD])?$|^\w+_(opt|optim|optimi[sz]er)$", re.I)
 _STEP_ATTRS = {"backward", "step", "manual_backward"}
 _NO_GRAD = ("no_grad", "inference_mode", "set_grad_enabled")
 
@@ -39,7 +40,7 @@ def _mentions_no_grad(node: ast.AST) -> bool:
 
 def _names_optimizer(arg: ast.AST) -> bool:
     name = arg.id if isinstance(arg, ast.Name) else arg.attr if isinstance(arg, ast.Attribute) else ""
-    return _OPTIMIZER_NAME.match(name) is not None
+    return kind_by_name(name) == OPTIMIZER
 
 
 class _Scan:
