@@ -56,3 +56,57 @@ def test_scorer_counts_hits_misses_false_alarms_and_ambiguous_labels():
     assert (score.hits, score.labelled, score.reported) == (1, 2, 2)
     assert score.missed == ["5: cross-device"] and score.false_alarms == ["7: rng (GFY601)"]
     assert (score.loops_found, score.loops_labelled, score.loops_extra, score.verdicts_right) == (1, 2, 1, 0)
+
+
+def test_every_script_has_a_gpu_run_or_says_why_not():
+    ids = [s["id"] for s in tomllib.loads((REAL / "manifest.toml").read_text())["script"]]
+    runs = tomllib.loads((REAL / "runs.toml").read_text())
+    run_ids = [r["id"] for r in runs["run"]]
+    assert len(run_ids) == len(set(run_ids)) and not set(run_ids) & set(runs["not_run"])
+    assert sorted(run_ids + list(runs["not_run"])) == sorted(ids)
+    sys.path.insert(0, str(REAL))
+    from synth import GENERATORS
+
+    for run in runs["run"]:
+        assert all(spec["make"] in GENERATORS for spec in run.get("data", [])), run["id"]
+
+
+def test_synthetic_data_has_the_formats_the_scripts_read(tmp_path):
+    import pickle
+    import struct
+
+    sys.path.insert(0, str(REAL))
+    import synth
+
+    synth.mnist(tmp_path, train=30, test=10)
+    images = (tmp_path / "MNIST/raw/train-images-idx3-ubyte").read_bytes()
+    assert struct.unpack(">IIII", images[:16]) == (2051, 30, 28, 28) and len(images) == 16 + 30 * 784
+    labels = (tmp_path / "MNIST/raw/t10k-labels-idx1-ubyte").read_bytes()
+    assert struct.unpack(">II", labels[:8]) == (2049, 10) and max(labels[8:]) < 10
+    synth.cifar10(tmp_path, train=50, test=20)
+    with (tmp_path / "cifar-10-batches-py/data_batch_1").open("rb") as handle:
+        batch = pickle.load(handle, encoding="latin1")
+    assert batch["data"].shape == (10, 3072) and len(batch["labels"]) == 10
+    synth.word_corpus(tmp_path / "train.txt", lines=5)
+    assert len((tmp_path / "train.txt").read_text().splitlines()) == 5
+
+
+def test_run_summary_counts_loops_refusals_and_verified_rewrites():
+    sys.path.insert(0, str(REAL))
+    from run_report import summary
+
+    static = {"a": [{"kind": "train", "rewritten": True, "label": "capturable-after-rewrite", "codes": []},
+                    {"kind": "train", "rewritten": False, "label": "not-capturable", "codes": ["GFY701"]},
+                    {"kind": "inference", "rewritten": False, "label": "capturable-after-rewrite", "codes": ["GFY001"]}]}
+    passed = {"status": "passed", "speedup": 2.0, "runtime_notes": []}
+    fell_back = {"status": "passed", "speedup": 1.1, "runtime_notes": ["x.py:3: GraphifyFallbackWarning: graphify: ..."]}
+    records = [{"id": "a", "cuda_used": True, "verify": passed,
+                "whole_run": {"eager": {"ok": True, "seconds": 3.0}, "graphify": {"ok": True, "seconds": 2.0}}},
+               {"id": "b", "cuda_used": True, "verify": fell_back,
+                "whole_run": {"eager": {"ok": True, "seconds": 3.0}, "graphify": {"ok": False, "why": "boom"}}}]
+    text = "\n".join(summary(records, static))
+    assert "| training loops rewritten (of those found) | 1/2 |" in text
+    assert "| refusals true (hand label: not capturable whole) | 1/2 (1 disputed, 0 unlabelled) |" in text
+    assert "| rewrites verified equivalent on the GPU (teacher-forced) | 2/2 (1 ran eagerly after a failed capture) |" in text
+    assert "| rewritten scripts that crashed where eager ran | 1 |" in text
+    assert "| step speedup (verify), median | 2.00× (min 2.00×) |" in text

@@ -45,6 +45,41 @@ def test_probe_after_the_optimizer_step_reads_the_loss():
     assert (r.kind, r.step_name, r.records_values) == ("train", "train_step", True)
 
 
+def test_probe_hands_over_the_state_the_next_step_reads_again():
+    """An RNN's hidden state goes from one step into the next: the probe passes it, so teacher forcing
+    loads it with the parameters (else rounding differences in it compound from step to step)."""
+    r = inst("""\
+        rnn = nn.GRU(4, 8, batch_first=True)
+        opt = torch.optim.SGD(rnn.parameters(), lr=0.1)
+        h = torch.zeros(1, 2, 8)
+        for x, y in loader:
+            h = h.detach()
+            out, h = rnn(x.unsqueeze(1), h)
+            loss = out.pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        """)
+    assert probe_line(r.original) == "__graphify_probe__(loss.item(), opt, (h,))"
+    assert probe_line(r.rewritten) == "__graphify_probe__(loss.item(), opt, (h,))"
+    assert probe_follows_call(r.rewritten, r.step_name)
+
+
+def test_forcing_loads_carried_state_in_place(tmp_path):
+    from graphify.verify import forcing
+
+    model, opt = _training()
+    hidden = (torch.randn(3), [torch.randn(2)])
+    record = forcing.Forcing(torch, "record", str(tmp_path))
+    record.after_step(1, [opt], hidden)
+    saved = [t.clone() for t in forcing._leaves(hidden)]
+    live = (torch.zeros(3), [torch.zeros(2)])
+    pointers = [t.data_ptr() for t in forcing._leaves(live)]
+    forcing.Forcing(torch, "force", str(tmp_path)).after_step(1, [opt], live)
+    assert [t.data_ptr() for t in forcing._leaves(live)] == pointers
+    assert all(torch.equal(a, b) for a, b in zip(forcing._leaves(live), saved))
+
+
 def test_probe_reads_the_loss_inside_scaler_scale():
     r = inst("""\
         scaler = torch.amp.GradScaler("cuda", enabled=False)

@@ -636,6 +636,9 @@ def _graphify_unavailable(workload: str, args) -> str | None:
     return None
 
 
+KEPT_MARKER = "<!-- real-world suite: kept when the GPU benchmark rewrites this file -->"
+
+
 def _write_docs(data, docs_dir: Path, render_markdown, render_plot) -> list[Path]:
     docs_dir.mkdir(parents=True, exist_ok=True)
     md_path = docs_dir / "benchmarks.md"
@@ -648,7 +651,10 @@ def _write_docs(data, docs_dir: Path, render_markdown, render_plot) -> list[Path
         made_png = False
     if made_png:
         written.append(png_path)
-    md_path.write_text(render_markdown(data, png_name=png_path.name if made_png else None))
+    kept = ""  # the real-world suite's sections, written by bench/real/, survive a new benchmark run
+    if md_path.exists() and KEPT_MARKER in md_path.read_text():
+        kept = "\n" + KEPT_MARKER + md_path.read_text().split(KEPT_MARKER, 1)[1]
+    md_path.write_text(render_markdown(data, png_name=png_path.name if made_png else None) + kept)
     written.insert(0, md_path)
     for path in written:
         print(f"wrote {path}")

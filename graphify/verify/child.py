@@ -55,7 +55,7 @@ class Recorder:
         self.profile_result: dict | None = None
         self.start = time.perf_counter()
 
-    def __call__(self, value, optimizers=None) -> None:
+    def __call__(self, value, optimizers=None, carried=()) -> None:
         torch = self.torch
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         if cuda:
@@ -69,7 +69,7 @@ class Recorder:
         os.write(self.progress_fd, b".")
         n = len(self.times)
         if self.forcing is not None:
-            self.forcing.after_step(n, self.optimizers)
+            self.forcing.after_step(n, self.optimizers, carried)
             if cuda:
                 torch.cuda.synchronize()
             self.paused += time.perf_counter() - end

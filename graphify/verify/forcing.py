@@ -31,13 +31,14 @@ class Forcing:
         self.forced: list[int] = []  # steps that started from the original's state
         os.makedirs(folder, exist_ok=True)
 
-    def after_step(self, k: int, optimizers) -> None:
-        """At the probe after step k (1-based)."""
+    def after_step(self, k: int, optimizers, carried=()) -> None:
+        """At the probe after step k (1-based). `carried`: tensors the next step reads again (hidden
+        state), saved and loaded like the parameters but not compared (the losses show them)."""
         if self.modules is None:
             self.modules = _owning_modules(self.torch, optimizers)
         if self.mode == "record":
             if self.saved_bytes < BUDGET_BYTES or k % STRIDE in (0, STRIDE - 1):
-                state = snapshot(self.torch, optimizers, self.modules)
+                state = snapshot(self.torch, optimizers, self.modules, carried)
                 self.saved_bytes += sum(t.numel() * t.element_size() for t in _tensors(state))
                 self.torch.save(state, self._path(k))
             return
@@ -46,7 +47,7 @@ class Forcing:
             current = snapshot(self.torch, optimizers, self.modules)
             self.metrics[k] = differences(self.torch, current, here, before)
         if here is not None:
-            restore(self.torch, optimizers, self.modules, here)
+            restore(self.torch, optimizers, self.modules, here, carried)
             self.forced.append(k + 1)
 
     def _path(self, k: int) -> str:
@@ -79,7 +80,7 @@ def _params(optimizers) -> list:
     return [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
 
 
-def snapshot(torch, optimizers, modules) -> dict:
+def snapshot(torch, optimizers, modules, carried=()) -> dict:
     cpu = lambda t: t.detach().to("cpu", copy=True)  # noqa: E731
     params = _params(optimizers)
     state = {
@@ -89,6 +90,7 @@ def snapshot(torch, optimizers, modules) -> dict:
                   for opt in optimizers for group in opt.param_groups for p in group["params"]],
         "buffers": [{name: cpu(b) for name, b in m.named_buffers(recurse=False) if b is not None} for m in modules],
         "rng": {"torch": torch.get_rng_state(), "random": random.getstate()},
+        "carried": [cpu(t) for t in _leaves(carried)],
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["rng"]["cuda"] = torch.cuda.get_rng_state_all()
@@ -97,10 +99,13 @@ def snapshot(torch, optimizers, modules) -> dict:
     return state
 
 
-def restore(torch, optimizers, modules, state) -> None:
+def restore(torch, optimizers, modules, state, carried=()) -> None:
     """Load a snapshot in place: the tensors the rewrite's graphs read keep their addresses."""
     params = _params(optimizers)
     with torch.no_grad():
+        for live, saved in zip(_leaves(carried), state.get("carried", [])):
+            if live.shape == saved.shape:
+                live.copy_(saved)
         for p, saved, grad in zip(params, state["params"], state["grads"]):
             p.copy_(saved)
             if grad is not None:
@@ -170,3 +175,15 @@ def _tensors(state):
                     yield from (v for v in item.values() if hasattr(v, "numel"))
                 elif hasattr(item, "numel"):
                     yield item
+
+
+def _leaves(value):
+    """The tensors in a value of nested tuples, lists and dicts (an LSTM's (h, c))."""
+    if hasattr(value, "numel"):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _leaves(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)

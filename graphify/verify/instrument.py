@@ -152,16 +152,17 @@ def _probe(analysis: LoopAnalysis) -> tuple[int, str, bool] | None:
     if loop.kind == "train":
         anchors = [i for i, n in calls if is_step_op(n, env)]
         plan = analysis.plan
+        carried = _carried(plan)
         if not anchors and plan is not None:
             # the step runs in a called function: record what the captured call returns
             optimizers = _tuple([_code(o) for o in plan.optimizers]) or "None"
-            return plan.last, f"{PROBE}({_tuple(plan.outputs) or 'None'}, {optimizers})", bool(plan.outputs)
+            return plan.last, f"{PROBE}({_tuple(plan.outputs) or 'None'}, {optimizers}{carried})", bool(plan.outputs)
         if not anchors:
             return None
         losses = [loss for _, n in calls if is_backward(n, env) for loss in [_loss_of(n)] if loss is not None]
         value = _tuple([f"{_code(loss, attr=True)}.item()" for loss in losses])
         optimizers = _distinct(expr for expr, site in Checker(loop).stepped_optimizers if any(n is expr for s in body for n in walk(s)))
-        return anchors[-1], f"{PROBE}({value or 'None'}, {_tuple([_code(o) for o in optimizers]) or 'None'})", bool(losses)
+        return anchors[-1], f"{PROBE}({value or 'None'}, {_tuple([_code(o) for o in optimizers]) or 'None'}{carried})", bool(losses)
     anchors = [i for i, n in calls if is_model_call(n, env)]
     if not anchors:
         return None
@@ -174,6 +175,14 @@ def _probe(analysis: LoopAnalysis) -> tuple[int, str, bool] | None:
             output = target
     value = _tuple([_code(e.value) for e in names]) if names else _code(output) if output is not None else "None"
     return anchors[-1], f"{PROBE}({value}, None)", output is not None
+
+
+def _carried(plan) -> str:
+    """`, (h,)`: the step's outputs that the next step reads again (an RNN's hidden state), as the
+    probe's third argument, so teacher forcing loads them too; otherwise a rounding difference in
+    them would compound from step to step and no step could be compared from identical state."""
+    names = [n for n in plan.outputs if n in plan.inputs] if plan is not None else []
+    return f", ({', '.join(names)},)" if names else ""
 
 
 def _loss_of(call: cst.Call) -> cst.BaseExpression | None:

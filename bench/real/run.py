@@ -1,0 +1,246 @@
+"""Run the real-world suite: rewrite each script, verify the rewrite on the GPU, time both.
+
+    python bench/real/run.py prepare [--mirrors DIR]     # here: lay out scripts and support files
+    python bench/real/run.py run [--only ID ...] [--json FILE]   # GPU machine: data, verify, timing
+    python bench/real/run.py report --json FILE [--out FILE]     # the table (bench/results/real_run.md)
+
+`prepare` needs the git mirrors (bench/real/restore.py); it writes bench/real/work/<id>/ (git-ignored),
+which travels to the GPU machine. `run` makes the synthetic data (runs.toml, synth.py) and, per
+script: the loops `graphify rewrite` finds and what it does with each (with the hand label of the
+loop: a refusal is true when the label says the loop cannot be captured whole), `graphify verify` of
+the first rewritten loop (teacher-forced, step speedup), and the whole run of the original and of the
+rewrite to the end with the same arguments (wall time, and whether the rewrite fell back to eager).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+WORK = HERE / "work"
+RUNS = HERE / "runs.toml"
+sys.path[:0] = [str(HERE), str(ROOT)]
+
+from restore import _git, _git_dir, load_manifest, restore_one  # noqa: E402
+
+WHOLE_RUN_TIMEOUT = 90
+VERIFY_TIMEOUT = 240
+
+
+def load_runs() -> tuple[list[dict], dict[str, str]]:
+    with RUNS.open("rb") as handle:
+        doc = tomllib.load(handle)
+    return doc["run"], doc.get("not_run", {})
+
+
+def script_path(entry: dict) -> Path:
+    return WORK / entry["id"] / entry["path"]
+
+
+def prepare(mirrors: Path, only: list[str] | None) -> int:
+    manifest = {e["id"]: e for e in load_manifest()}
+    runs, _ = load_runs()
+    failures = 0
+    for run in runs:
+        if only and run["id"] not in only:
+            continue
+        entry = manifest[run["id"]]
+        root = WORK / entry["id"]
+        problem = restore_one(entry, mirrors, root)  # writes root/<id>/<name>: move it to its repository path
+        if problem is None:
+            flat = root / entry["id"] / Path(entry["path"]).name
+            script_path(entry).parent.mkdir(parents=True, exist_ok=True)
+            flat.replace(script_path(entry))
+            flat.parent.rmdir()
+            problem = _restore_support(entry, run.get("support", []), mirrors, root)
+        if problem:
+            failures += 1
+            print(f"{entry['id']}: {problem}", file=sys.stderr)
+    print(f"prepared {len(runs) - failures} runs under {WORK}")
+    return 1 if failures else 0
+
+
+def _restore_support(entry: dict, paths: list[str], mirrors: Path, root: Path) -> str | None:
+    git_dir = _git_dir(mirrors, entry["repo"])
+    for path in paths:
+        try:
+            listing = _git(git_dir, "ls-tree", "-r", "--name-only", entry["commit"], "--", path).decode().split("\n")
+            for name in filter(None, listing):
+                target = root / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(_git(git_dir, "show", f"{entry['commit']}:{name}"))
+        except subprocess.CalledProcessError as error:
+            return f"{path}: {error.stderr.decode().strip()}"
+    return None
+
+
+def _environment(run: dict) -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1", MPLBACKEND="Agg")
+    if run.get("cifar_shim"):
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE / "shim"), env.get("PYTHONPATH")]))
+    return env
+
+
+def _missing_modules(run: dict) -> list[str]:
+    import importlib.util
+
+    return [m for m in run.get("modules", []) if importlib.util.find_spec(m) is None]
+
+
+def _make_data(run: dict) -> None:
+    from synth import GENERATORS
+
+    for spec in run.get("data", []):
+        options = {k: v for k, v in spec.items() if k not in ("make", "at")}
+        GENERATORS[spec["make"]](WORK / run["id"] / spec["at"], **options)
+
+
+def _loops(entry: dict, script: Path) -> tuple[list[dict], str | None]:
+    """Each loop graphify finds, what rewrite does with it, and its hand label; and the rewritten text."""
+    from graphify.rewrite import rewrite_source
+
+    labels = _labels(entry["id"])
+    result = rewrite_source(script.read_text(), str(script))
+    loops = []
+    for outcome in result.outcomes:
+        label = labels.get(outcome.line)
+        codes = sorted({r.split()[0] for r in outcome.reasons if r.startswith("GFY")})
+        loops.append({"line": outcome.line, "kind": outcome.kind, "verdict": outcome.verdict.value,
+                      "rewritten": outcome.rewritten, "codes": codes, "label": label})
+    rewritten = result.code if any(loop["rewritten"] for loop in loops) else None
+    return loops, rewritten
+
+
+def _labels(script_id: str) -> dict[int, str]:
+    path = HERE / "labels" / f"{script_id}.toml"
+    if not path.exists():
+        return {}
+    with path.open("rb") as handle:
+        return {loop["line"]: loop["verdict"] for loop in tomllib.load(handle).get("loop", [])}
+
+
+def _verify(script: Path, run: dict) -> dict:
+    command = [sys.executable, "-m", "graphify", "verify", str(script), "--json", "--keep", "--timeout", str(VERIFY_TIMEOUT),
+               "--", *run.get("args", [])]
+    done = subprocess.run(command, capture_output=True, text=True, env=_environment(run), cwd=script.parent)
+    try:
+        doc = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return {"status": "error", "message": (done.stderr or done.stdout).strip()[-300:]}
+    runs = doc.get("runs") or {}
+    notes = []
+    if doc.get("workdir"):  # what the rewrite's runtime said (a fallback to eager and its reason)
+        stderr = Path(doc["workdir"]) / "rewrite.stderr"
+        notes = [line[:300] for line in stderr.read_text().splitlines() if "graphify" in line] if stderr.exists() else []
+        shutil.rmtree(doc["workdir"], ignore_errors=True)
+    return {"warnings": doc.get("warnings"), "runtime_notes": notes[:5],"status": doc["status"], "message": doc.get("message"), "speedup": doc.get("speedup"),
+            "loop": (doc.get("loop") or {}).get("line"), "verdict": doc.get("verdict"),
+            "ms_per_step": {k: v.get("ms_per_step") for k, v in runs.items()},
+            "setup_s": {k: v.get("setup_s") for k, v in runs.items()},
+            "steps_compared": (doc.get("tolerance") or {}).get("steps_compared"), "on_cuda": doc.get("on_cuda")}
+
+
+def _whole_run(script: Path, run: dict) -> dict:
+    started = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, script.name, *run.get("args", [])], capture_output=True, text=True,
+                              env=_environment(run), cwd=script.parent, timeout=WHOLE_RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "why": f"over {WHOLE_RUN_TIMEOUT} s"}
+    seconds = time.perf_counter() - started
+    if done.returncode:
+        return {"ok": False, "why": (done.stderr.strip().splitlines() or ["exit %d" % done.returncode])[-1][:200]}
+    fell_back = "graphify" in done.stderr and "eager" in done.stderr
+    return {"ok": True, "seconds": round(seconds, 2), "fell_back": fell_back}
+
+
+def run_one(entry: dict, run: dict) -> dict:
+    record: dict = {"id": entry["id"], "repo": entry["repo"], "path": entry["path"]}
+    script = script_path(entry)
+    if not script.exists():
+        return dict(record, skipped="not prepared (python bench/real/run.py prepare)")
+    missing = _missing_modules(run)
+    if missing:
+        return dict(record, skipped="missing modules: " + ", ".join(missing))
+    record["loops"], rewritten = _loops(entry, script)
+    if rewritten is None:
+        return record
+    _make_data(run)
+    record["verify"] = _verify(script, run)
+    record["cuda_used"] = bool(record["verify"].get("on_cuda"))
+    graphified = script.with_name(script.stem + "_graphified.py")
+    graphified.write_text(rewritten)
+    if run.get("whole_run", True):
+        record["whole_run"] = {"eager": _whole_run(script, run), "graphify": _whole_run(graphified, run)}
+    return record
+
+
+def run_all(only: list[str] | None, out: Path) -> int:
+    manifest = {e["id"]: e for e in load_manifest()}
+    runs, not_run = load_runs()
+    records = []
+    for run in runs:
+        if only and run["id"] not in only:
+            continue
+        started = time.perf_counter()
+        record = run_one(manifest[run["id"]], run)
+        record["seconds"] = round(time.perf_counter() - started, 1)
+        print(json.dumps(record), flush=True)
+        records.append(record)
+        _save(out, records)
+    for script_id, why in not_run.items():
+        if not only:
+            entry = manifest[script_id]
+            records.append({"id": script_id, "repo": entry["repo"], "path": entry["path"], "skipped": why})
+    _save(out, records)
+    return 0
+
+
+def _save(out: Path, records: list[dict]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"records": records, "device": _device()}, indent=1))
+
+
+def _device() -> str:
+    try:
+        import torch
+
+        name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+        return f"{name}, torch {torch.__version__}"
+    except ImportError:
+        return "no torch"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_prepare = sub.add_parser("prepare")
+    p_prepare.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"))
+    p_prepare.add_argument("--only", nargs="*")
+    p_run = sub.add_parser("run")
+    p_run.add_argument("--only", nargs="*")
+    p_run.add_argument("--json", type=Path, default=ROOT / "bench/results/real_run.json")
+    p_report = sub.add_parser("report")
+    p_report.add_argument("--json", type=Path, default=ROOT / "bench/results/real_run.json")
+    p_report.add_argument("--out", type=Path, default=ROOT / "bench/results/real_run.md")
+    args = parser.parse_args(argv)
+    if args.command == "prepare":
+        return prepare(args.mirrors, args.only)
+    if args.command == "run":
+        return run_all(args.only, args.json)
+    from run_report import write_report
+
+    return write_report(args.json, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

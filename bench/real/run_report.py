@@ -1,0 +1,127 @@
+"""The table of bench/real/run.py: per script and in total, from its JSON.
+
+Rewrite coverage counts every loop graphify finds in the 42 scripts (from bench/real/src, restored by
+restore.py; no GPU needed); verify and timing columns come from the GPU run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from restore import DEFAULT_DEST, load_manifest, restored_path
+
+CAPTURABLE_LABELS = {"capturable-after-rewrite", "capturable"}
+
+
+def _static_loops() -> dict[str, list[dict]]:
+    from run import _labels
+
+    from graphify.rewrite import rewrite_source
+
+    found = {}
+    for entry in load_manifest():
+        path = restored_path(entry, DEFAULT_DEST)
+        if path.exists():
+            result = rewrite_source(path.read_text(), str(path))
+            labels = _labels(entry["id"])
+            found[entry["id"]] = [{"line": o.line, "kind": o.kind, "rewritten": o.rewritten, "codes": list(o.reasons),
+                                   "label": labels.get(o.line)} for o in result.outcomes]
+    return found
+
+
+def _refusal_truth(loop: dict) -> str:
+    if loop["rewritten"]:
+        return ""
+    if loop["label"] is None:
+        return "unlabelled"
+    return "disputed" if loop["label"] in CAPTURABLE_LABELS else "true"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}×" if a and b else "—"
+
+
+def _row(record: dict, loops: list[dict]) -> str:
+    rewritten = ", ".join(f"{lp['line']} {lp['kind'][:5]}" for lp in loops if lp["rewritten"]) or "—"
+    refused = "; ".join(f"{lp['line']} {lp['kind'][:5]} {'/'.join(lp['codes'])} ({_refusal_truth(lp)})"
+                        for lp in loops if not lp["rewritten"]) or "—"
+    if "skipped" in record:
+        return f"| {record['id']} | {rewritten} | {refused} | not run: {record['skipped']} | | |"
+    verify = record.get("verify")
+    if verify is None:
+        return f"| {record['id']} | {rewritten} | {refused} | nothing to verify | | |"
+    step = verify.get("speedup")
+    state = verify["status"] + (f" (loop {verify['loop']})" if verify.get("loop") else "")
+    if verify["status"] != "passed" and verify.get("message"):
+        state += f": {verify['message'][:90]}"
+    fallback = next((n.split("graphify: ", 1)[-1] for n in verify.get("runtime_notes") or [] if "Fallback" in n), None)
+    if fallback:
+        state += f"; the runtime fell back to eager ({fallback[:110]})"
+    whole = record.get("whole_run")
+    eager, graphed = (whole or {}).get("eager", {}), (whole or {}).get("graphify", {})
+    if whole is None:
+        run_cell = "not timed (the script does not end soon)"
+    elif eager.get("ok") and graphed.get("ok"):
+        run_cell = f"{eager['seconds']:.1f} s → {graphed['seconds']:.1f} s ({_ratio(eager['seconds'], graphed['seconds'])})"
+        if graphed.get("fell_back"):
+            run_cell += ", fell back to eager"
+    else:
+        run_cell = "eager: " + (eager.get("why") or "ok") + "; graphify: " + (graphed.get("why") or "ok")
+    cpu = "" if record.get("cuda_used", True) else " (CPU script)"
+    return f"| {record['id']} | {rewritten} | {refused} | {state}{cpu} | {f'{step:.2f}×' if step else '—'} | {run_cell} |"
+
+
+def summary(records: list[dict], static: dict[str, list[dict]]) -> list[str]:
+    loops = [lp for found in static.values() for lp in found]
+    train = [lp for lp in loops if lp["kind"] == "train"]
+    refused = [lp for lp in loops if not lp["rewritten"]]
+    truth = [_refusal_truth(lp) for lp in refused]
+    verified = [r["verify"] for r in records if r.get("verify") and r.get("cuda_used")]
+    on_cpu = [r["verify"] for r in records if r.get("verify") and not r.get("cuda_used")]
+    passed = [v for v in verified if v["status"] == "passed"]
+    fell_back = [v for v in verified if any("Fallback" in n for n in v.get("runtime_notes") or [])]
+    speedups = [v["speedup"] for v in passed if v.get("speedup") and v not in fell_back]  # nothing was captured
+    whole = [r["whole_run"] for r in records if r.get("whole_run") and r.get("cuda_used")]
+    crashes = [w for w in whole if w["eager"].get("ok") and not w["graphify"].get("ok")]
+    whole_ratios = [w["eager"]["seconds"] / w["graphify"]["seconds"] for w in whole
+                    if w["eager"].get("ok") and w["graphify"].get("ok")]
+    median = f"{statistics.median(speedups):.2f}×" if speedups else "—"
+    median_whole = f"{statistics.median(whole_ratios):.2f}× (min {min(whole_ratios):.2f}×)" if whole_ratios else "—"
+    return [
+        "| | value |",
+        "| --- | --- |",
+        f"| training loops rewritten (of those found) | {sum(lp['rewritten'] for lp in train)}/{len(train)} |",
+        f"| all loops rewritten | {sum(lp['rewritten'] for lp in loops)}/{len(loops)} |",
+        f"| refusals true (hand label: not capturable whole) | {truth.count('true')}/{len(refused)}"
+        f" ({truth.count('disputed')} disputed, {truth.count('unlabelled')} unlabelled) |",
+        f"| rewrites verified equivalent on the GPU (teacher-forced) | {len(passed)}/{len(verified)}"
+        f" ({len(fell_back)} ran eagerly after a failed capture) |",
+        f"| CPU-only scripts verified equivalent (exact) | {sum(v['status'] == 'passed' for v in on_cpu)}/{len(on_cpu)} |",
+        f"| rewritten scripts that crashed where eager ran | {len(crashes)} |",
+        f"| step speedup (verify), median | {median}" + (f" (min {min(speedups):.2f}×)" if speedups else "") + " |",
+        f"| whole-run speedup, median | {median_whole} |",
+    ]
+
+
+def write_report(json_path: Path, out: Path) -> int:
+    doc = json.loads(json_path.read_text())
+    records = sorted(doc["records"], key=lambda r: [e["id"] for e in load_manifest()].index(r["id"]))
+    static = _static_loops()
+    lines = ["# The real-world suite on the GPU", "",
+             f"{len(static)} scripts ({doc['device']}). Scripts, commits and synthetic-data runs: bench/real/manifest.toml,"
+             " bench/real/runs.toml; made by `python bench/real/run.py run` then `report`.", ""]
+    lines += summary(records, static)
+    lines += ["", "| script | rewritten loops | refused loops (codes; refusal true?) | verify | step speedup | whole run, eager → graphify |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    from run import load_runs
+
+    not_run = load_runs()[1]
+    seen = {record["id"] for record in records}
+    records += [{"id": e["id"], "skipped": not_run.get(e["id"], "no run in runs.toml")} for e in load_manifest()
+                if e["id"] not in seen]
+    lines += [_row(record, static.get(record["id"], record.get("loops", []))) for record in records]
+    out.write_text("\n".join(lines) + "\n")
+    print(out.read_text())
+    return 0

@@ -1,0 +1,110 @@
+"""Synthetic data in the exact on-disk formats the real-world suite's scripts read.
+
+Each generator takes the folder to fill and its size, writes seeded random content, and does nothing
+when the folder already holds it. Sizes are small so a whole run takes seconds, but keep the
+scripts' batch arithmetic (MNIST's 60000 and CIFAR's 50000 are multiples of the scripts' batch
+sizes; so are the defaults here).
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+
+
+def _done(folder: Path) -> bool:
+    return (folder / ".synth-done").exists()
+
+
+def _mark(folder: Path) -> None:
+    (folder / ".synth-done").write_text("")
+
+
+def mnist(folder: Path, train: int = 6000, test: int = 1000) -> None:
+    """torchvision's MNIST raw files (IDX format, uncompressed) under folder/MNIST/raw."""
+    raw = folder / "MNIST" / "raw"
+    if _done(raw):
+        return
+    raw.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for prefix, count in (("train", train), ("t10k", test)):
+        images = rng.integers(0, 256, size=(count, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=count, dtype=np.uint8)
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, count, 28, 28) + images.tobytes())
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, count) + labels.tobytes())
+    _mark(raw)
+
+
+def cifar10(folder: Path, train: int = 5000, test: int = 1000) -> None:
+    """torchvision's CIFAR-10 python pickles under folder/cifar-10-batches-py. torchvision checks
+    their md5 sums, which random content cannot match: the run's environment points PYTHONPATH at
+    bench/real/shim, whose sitecustomize accepts files that exist."""
+    base = folder / "cifar-10-batches-py"
+    if _done(base):
+        return
+    base.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+
+    def batch(name: str, count: int) -> None:
+        data = rng.integers(0, 256, size=(count, 3072), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=count).tolist()
+        with (base / name).open("wb") as handle:
+            pickle.dump({"data": data, "labels": labels}, handle)
+
+    for index in range(1, 6):
+        batch(f"data_batch_{index}", train // 5)
+    batch("test_batch", test)
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    with (base / "batches.meta").open("wb") as handle:
+        pickle.dump({"label_names": names}, handle)
+    _mark(base)
+
+
+def word_corpus(path: Path, lines: int = 2000, vocabulary: int = 1000) -> None:
+    """A text file of sentences over a small vocabulary (Penn Treebank's layout: one sentence a line)."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(vocabulary)]
+    with path.open("w") as handle:
+        for _ in range(lines):
+            handle.write(" " + " ".join(words[i] for i in rng.integers(0, vocabulary, size=rng.integers(5, 25))) + " \n")
+
+
+def image_folder(folder: Path, splits: tuple[str, ...] = ("train", "validation"), classes: int = 10,
+                 per_class: int = 32, size: int = 64) -> None:
+    """ImageNet's folder layout: folder/<split>/<class>/<image>.jpg."""
+    from PIL import Image
+
+    if _done(folder):
+        return
+    rng = np.random.default_rng(0)
+    for split in splits:
+        for label in range(classes):
+            target = folder / split / f"n{label:08d}"
+            target.mkdir(parents=True, exist_ok=True)
+            for index in range(per_class):
+                pixels = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(target / f"{index:05d}.jpg", quality=90)
+    folder.mkdir(parents=True, exist_ok=True)
+    _mark(folder)
+
+
+def timm_checkpoint(path: Path, model: str = "resnet18", num_classes: int = 10) -> None:
+    """Randomly initialised weights of a timm model as a checkpoint file (validate.py loads pretrained
+    weights, a download, unless given one). Built by the timm pinned beside the script, in path's folder."""
+    import subprocess
+    import sys
+
+    if path.exists():
+        return
+    code = ("import sys, timm, torch; torch.manual_seed(0); "
+            "torch.save(timm.create_model(sys.argv[1], num_classes=int(sys.argv[2])).state_dict(), sys.argv[3])")
+    subprocess.run([sys.executable, "-c", code, model, str(num_classes), path.name], cwd=path.parent, check=True)
+
+
+GENERATORS = {"timm_checkpoint": timm_checkpoint, "mnist": mnist, "cifar10": cifar10, "word_corpus": word_corpus, "image_folder": image_folder}
