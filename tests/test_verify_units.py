@@ -65,6 +65,15 @@ def test_probe_hands_over_the_state_the_next_step_reads_again():
     assert probe_follows_call(r.rewritten, r.step_name)
 
 
+def test_partial_capture_is_probed_without_carried_state():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "fixtures/check/sgd_onecycle_per_step.py"
+    r = instrument(path.read_text(), str(path))
+    assert r.kind == "train" and probe_line(r.original).startswith("__graphify_probe__(loss.item(), ")
+    assert probe_line(r.original).count(",") == 1
+
+
 def test_forcing_loads_carried_state_in_place(tmp_path):
     from graphify.verify import forcing
 

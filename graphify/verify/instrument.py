@@ -22,7 +22,7 @@ from graphify.analysis.statements import names_read, names_written, walk
 from graphify.analysis.values import SCHEDULER
 from graphify.model import Verdict
 from graphify.rewrite import rewrite_source
-from graphify.plan import body_of
+from graphify.plan import Plan, body_of
 
 PROBE = "__graphify_probe__"
 _EMPTY = cst.Module([])
@@ -181,7 +181,9 @@ def _carried(plan) -> str:
     """`, (h,)`: the step's outputs that the next step reads again (an RNN's hidden state), as the
     probe's third argument, so teacher forcing loads them too; otherwise a rounding difference in
     them would compound from step to step and no step could be compared from identical state."""
-    names = [n for n in plan.outputs if n in plan.inputs] if plan is not None else []
+    if not isinstance(plan, Plan):  # a partial capture graphs the model alone: no step hands state on
+        return ""
+    names = [n for n in plan.outputs if n in plan.inputs]
     return f", ({', '.join(names)},)" if names else ""
 
 
