@@ -45,8 +45,8 @@ def _git(git_dir: Path, *args: str) -> bytes:
     ).stdout
 
 
-def restore_one(entry: dict, mirrors: Path, dest: Path) -> str | None:
-    """Write one script; return why it could not be, or None."""
+def restore_one(entry: dict, mirrors: Path, dest: Path, target: Path | None = None) -> str | None:
+    """Write one script (to `target`, by default its place under `dest`); return why it could not be, or None."""
     git_dir = _git_dir(mirrors, entry["repo"])
     if git_dir is None:
         return f"no mirror of {entry['repo']} under {mirrors} (fetch github:{entry['repo']})"
@@ -57,7 +57,7 @@ def restore_one(entry: dict, mirrors: Path, dest: Path) -> str | None:
         return f"{entry['repo']}@{entry['commit'][:12]}: {error.stderr.decode().strip()}"
     if at_commit != entry["blob"]:
         return f"{entry['path']} at {entry['commit'][:12]} is blob {at_commit}, not {entry['blob']}"
-    target = restored_path(entry, dest)
+    target = target or restored_path(entry, dest)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
     return None

@@ -34,6 +34,7 @@ from restore import _git, _git_dir, load_manifest, restore_one  # noqa: E402
 
 WHOLE_RUN_TIMEOUT = 90
 VERIFY_TIMEOUT = 240
+FALLBACK = "GraphifyFallbackWarning"  # the runtime's one warning when a step runs eagerly
 
 
 def load_runs() -> tuple[list[dict], dict[str, str]]:
@@ -49,18 +50,13 @@ def script_path(entry: dict) -> Path:
 def prepare(mirrors: Path, only: list[str] | None) -> int:
     manifest = {e["id"]: e for e in load_manifest()}
     runs, _ = load_runs()
+    runs = [run for run in runs if not only or run["id"] in only]
     failures = 0
     for run in runs:
-        if only and run["id"] not in only:
-            continue
         entry = manifest[run["id"]]
         root = WORK / entry["id"]
-        problem = restore_one(entry, mirrors, root)  # writes root/<id>/<name>: move it to its repository path
+        problem = restore_one(entry, mirrors, root, target=script_path(entry))
         if problem is None:
-            flat = root / entry["id"] / Path(entry["path"]).name
-            script_path(entry).parent.mkdir(parents=True, exist_ok=True)
-            flat.replace(script_path(entry))
-            flat.parent.rmdir()
             problem = _restore_support(entry, run.get("support", []), mirrors, root)
         if problem:
             failures += 1
@@ -104,28 +100,19 @@ def _make_data(run: dict) -> None:
         GENERATORS[spec["make"]](WORK / run["id"] / spec["at"], **options)
 
 
-def _loops(entry: dict, script: Path) -> tuple[list[dict], str | None]:
-    """Each loop graphify finds, what rewrite does with it, and its hand label; and the rewritten text."""
+def loop_outcomes(script_id: str, script: Path) -> tuple[list[dict], str | None]:
+    """Each loop graphify finds in the script, what rewrite does with it and its hand label; and the
+    rewritten text (None when no loop is rewritten)."""
+    from score import LABELS, load_labels
+
     from graphify.rewrite import rewrite_source
 
-    labels = _labels(entry["id"])
+    label_path = LABELS / f"{script_id}.toml"
+    labels = {lp["line"]: lp["verdict"] for lp in load_labels(label_path).get("loop", [])} if label_path.exists() else {}
     result = rewrite_source(script.read_text(), str(script))
-    loops = []
-    for outcome in result.outcomes:
-        label = labels.get(outcome.line)
-        codes = sorted({r.split()[0] for r in outcome.reasons if r.startswith("GFY")})
-        loops.append({"line": outcome.line, "kind": outcome.kind, "verdict": outcome.verdict.value,
-                      "rewritten": outcome.rewritten, "codes": codes, "label": label})
-    rewritten = result.code if any(loop["rewritten"] for loop in loops) else None
-    return loops, rewritten
-
-
-def _labels(script_id: str) -> dict[int, str]:
-    path = HERE / "labels" / f"{script_id}.toml"
-    if not path.exists():
-        return {}
-    with path.open("rb") as handle:
-        return {loop["line"]: loop["verdict"] for loop in tomllib.load(handle).get("loop", [])}
+    loops = [{"line": o.line, "kind": o.kind, "verdict": o.verdict.value, "rewritten": o.rewritten,
+              "codes": sorted(set(o.reasons)), "label": labels.get(o.line)} for o in result.outcomes]
+    return loops, result.code if any(loop["rewritten"] for loop in loops) else None
 
 
 def _verify(script: Path, run: dict) -> dict:
@@ -140,9 +127,10 @@ def _verify(script: Path, run: dict) -> dict:
     notes = []
     if doc.get("workdir"):  # what the rewrite's runtime said (a fallback to eager and its reason)
         stderr = Path(doc["workdir"]) / "rewrite.stderr"
-        notes = [line[:300] for line in stderr.read_text().splitlines() if "graphify" in line] if stderr.exists() else []
+        notes = [line[:300] for line in stderr.read_text().splitlines() if FALLBACK in line] if stderr.exists() else []
         shutil.rmtree(doc["workdir"], ignore_errors=True)
-    return {"warnings": doc.get("warnings"), "runtime_notes": notes[:5],"status": doc["status"], "message": doc.get("message"), "speedup": doc.get("speedup"),
+    return {"status": doc["status"], "message": doc.get("message"), "speedup": doc.get("speedup"),
+            "warnings": doc.get("warnings"), "runtime_notes": notes[:5],
             "loop": (doc.get("loop") or {}).get("line"), "verdict": doc.get("verdict"),
             "ms_per_step": {k: v.get("ms_per_step") for k, v in runs.items()},
             "setup_s": {k: v.get("setup_s") for k, v in runs.items()},
@@ -159,7 +147,7 @@ def _whole_run(script: Path, run: dict) -> dict:
     seconds = time.perf_counter() - started
     if done.returncode:
         return {"ok": False, "why": (done.stderr.strip().splitlines() or ["exit %d" % done.returncode])[-1][:200]}
-    fell_back = "graphify" in done.stderr and "eager" in done.stderr
+    fell_back = FALLBACK in done.stderr
     return {"ok": True, "seconds": round(seconds, 2), "fell_back": fell_back}
 
 
@@ -171,7 +159,7 @@ def run_one(entry: dict, run: dict) -> dict:
     missing = _missing_modules(run)
     if missing:
         return dict(record, skipped="missing modules: " + ", ".join(missing))
-    record["loops"], rewritten = _loops(entry, script)
+    record["loops"], rewritten = loop_outcomes(entry["id"], script)
     if rewritten is None:
         return record
     _make_data(run)

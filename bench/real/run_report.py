@@ -11,24 +11,16 @@ import statistics
 from pathlib import Path
 
 from restore import DEFAULT_DEST, load_manifest, restored_path
+from run import FALLBACK
 
 CAPTURABLE_LABELS = {"capturable-after-rewrite", "capturable"}
 
 
 def _static_loops() -> dict[str, list[dict]]:
-    from run import _labels
+    from run import loop_outcomes
 
-    from graphify.rewrite import rewrite_source
-
-    found = {}
-    for entry in load_manifest():
-        path = restored_path(entry, DEFAULT_DEST)
-        if path.exists():
-            result = rewrite_source(path.read_text(), str(path))
-            labels = _labels(entry["id"])
-            found[entry["id"]] = [{"line": o.line, "kind": o.kind, "rewritten": o.rewritten, "codes": list(o.reasons),
-                                   "label": labels.get(o.line)} for o in result.outcomes]
-    return found
+    return {entry["id"]: loop_outcomes(entry["id"], path)[0] for entry in load_manifest()
+            for path in [restored_path(entry, DEFAULT_DEST)] if path.exists()}
 
 
 def _refusal_truth(loop: dict) -> str:
@@ -56,7 +48,7 @@ def _row(record: dict, loops: list[dict]) -> str:
     state = verify["status"] + (f" (loop {verify['loop']})" if verify.get("loop") else "")
     if verify["status"] != "passed" and verify.get("message"):
         state += f": {verify['message'][:90]}"
-    fallback = next((n.split("graphify: ", 1)[-1] for n in verify.get("runtime_notes") or [] if "Fallback" in n), None)
+    fallback = next((n.split("graphify: ", 1)[-1] for n in verify.get("runtime_notes") or [] if FALLBACK in n), None)
     if fallback:
         state += f"; the runtime fell back to eager ({fallback[:110]})"
     whole = record.get("whole_run")
@@ -81,7 +73,7 @@ def summary(records: list[dict], static: dict[str, list[dict]]) -> list[str]:
     verified = [r["verify"] for r in records if r.get("verify") and r.get("cuda_used")]
     on_cpu = [r["verify"] for r in records if r.get("verify") and not r.get("cuda_used")]
     passed = [v for v in verified if v["status"] == "passed"]
-    fell_back = [v for v in verified if any("Fallback" in n for n in v.get("runtime_notes") or [])]
+    fell_back = [v for v in verified if any(FALLBACK in n for n in v.get("runtime_notes") or [])]
     speedups = [v["speedup"] for v in passed if v.get("speedup") and v not in fell_back]  # nothing was captured
     whole = [r["whole_run"] for r in records if r.get("whole_run") and r.get("cuda_used")]
     crashes = [w for w in whole if w["eager"].get("ok") and not w["graphify"].get("ok")]
