@@ -51,10 +51,10 @@ def get_analyzer() -> Analyzer:
 
 @cli.command()
 @click.argument("paths", nargs=-1, type=click.Path())
+@click.option("--format", "--output-format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True, help="Output format.")
 @click.option(
-    "--format", "--output-format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True, help="Output format."
+    "--select", metavar="CODES", help="Rules to check: codes, prefixes (GFY0), categories or ALL, comma-separated. Overrides the config."
 )
-@click.option("--select", metavar="CODES", help="Rules to check: codes, prefixes (GFY0), categories or ALL, comma-separated. Overrides the config.")
 @click.option("--extend-select", metavar="CODES", help="Rules to check in addition to the config's select list.")
 @click.option("--ignore", metavar="CODES", help="Rules to skip, comma-separated; added to the config's ignore list.")
 @click.option("--config", "config_file", metavar="PATH", help="Read [tool.graphify] from this pyproject.toml instead of the nearest one.")
@@ -62,7 +62,9 @@ def get_analyzer() -> Analyzer:
 @click.option("--statistics", is_flag=True, help="Print how many breakers of each rule instead of the breakers (text or json).")
 @click.option("-o", "--output-file", metavar="PATH", help="Write the report to PATH instead of standard output.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors; the exit code still tells.")
-@click.option("--color/--no-color", default=None, help="Colour the text report (default: when writing to a terminal, unless NO_COLOR is set).")
+@click.option(
+    "--color/--no-color", default=None, help="Colour the text report (default: when writing to a terminal, unless NO_COLOR is set)."
+)
 @click.option("--stdin-filename", metavar="PATH", help="The path to report for source read from standard input (`-`).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Worker processes (default: CPU count).")
 @click.option("--force-exclude", is_flag=True, help="Apply exclude / extend-exclude to files named on the command line too.")

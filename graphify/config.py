@@ -74,8 +74,9 @@ class Settings:
         rel = relative_to_root(path, self.root)
         return any(glob_matches(p, rel, is_dir, parents) for p in patterns)
 
-    def with_cli(self, select: Sequence[str] | None = None, ignore: Sequence[str] | None = None,
-                 extend_select: Sequence[str] | None = None) -> "Settings":
+    def with_cli(
+        self, select: Sequence[str] | None = None, ignore: Sequence[str] | None = None, extend_select: Sequence[str] | None = None
+    ) -> "Settings":
         """Apply --select / --extend-select / --ignore on top of the config (see the module docstring)."""
         new = replace(self)
         if extend_select is not None:

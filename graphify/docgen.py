@@ -1,7 +1,7 @@
 """Generate docs/rules/ from the rule registry and graphify/rules/docs/.
 
-    python -m graphify.docgen           write docs/rules/<CODE>.md and docs/rules/README.md
-    python -m graphify.docgen --check   exit 1 if any of them is missing, stale or extra
+python -m graphify.docgen           write docs/rules/<CODE>.md and docs/rules/README.md
+python -m graphify.docgen --check   exit 1 if any of them is missing, stale or extra
 """
 
 from __future__ import annotations

@@ -150,17 +150,32 @@ def _report_loop(analysis: LoopAnalysis, path: str, report: Report) -> None:
     pos = loop.module.position(loop.node)
     for f in analysis.findings:
         where = f.module.position(f.node)
-        report.diagnostics.append(Diagnostic(
-            path=path if f.module is loop.module else f.module.path,
-            line=where.start.line, column=where.start.column + 1,
-            end_line=where.end.line, end_column=where.end.column + 1,
-            rule=f.rule, message=f.message, fix=f.fix,
-            loop_path=path, loop_line=pos.start.line, removable_by_rewrite=removable(f),
-        ))
-    report.loops.append(LoopReport(
-        path=path, line=pos.start.line, end_line=pos.end.line, kind=loop.kind,
-        function=loop.func.qualname, verdict=analysis.verdict, reasons=analysis.reasons,
-    ))
+        report.diagnostics.append(
+            Diagnostic(
+                path=path if f.module is loop.module else f.module.path,
+                line=where.start.line,
+                column=where.start.column + 1,
+                end_line=where.end.line,
+                end_column=where.end.column + 1,
+                rule=f.rule,
+                message=f.message,
+                fix=f.fix,
+                loop_path=path,
+                loop_line=pos.start.line,
+                removable_by_rewrite=removable(f),
+            )
+        )
+    report.loops.append(
+        LoopReport(
+            path=path,
+            line=pos.start.line,
+            end_line=pos.end.line,
+            kind=loop.kind,
+            function=loop.func.qualname,
+            verdict=analysis.verdict,
+            reasons=analysis.reasons,
+        )
+    )
 
 
 def analyze_source(source: str, path: str, settings) -> Report:

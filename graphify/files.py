@@ -181,7 +181,9 @@ class _Walker:
                     key = (st.st_dev, st.st_ino)
                     if key in ancestors or (entry.is_symlink() and _contains(os.path.realpath(path), folder)):
                         target = os.readlink(path) if entry.is_symlink() else "?"
-                        self.errors.append(FileError(path, f"symlink loop: links back to a folder that contains it ({target}); not followed"))
+                        self.errors.append(
+                            FileError(path, f"symlink loop: links back to a folder that contains it ({target}); not followed")
+                        )
                     elif key not in self.visited:  # a second link to a folder already walked adds nothing
                         yield from self._walk(path, abs_path, [*ancestors, key])
                 elif is_file:

@@ -42,8 +42,19 @@ def fake_analyze_source(source: str, path: str, settings) -> Report:
                 if not settings.enabled(rule, path) or sup.suppressed(code, n):
                     continue
                 report.diagnostics.append(
-                    Diagnostic(path, n, m.start() + 1, n, m.end() + 1, rule, f"{m.group(0)} breaks capture",
-                               "do something else", path, loop.line, rule.rewritable)
+                    Diagnostic(
+                        path,
+                        n,
+                        m.start() + 1,
+                        n,
+                        m.end() + 1,
+                        rule,
+                        f"{m.group(0)} breaks capture",
+                        "do something else",
+                        path,
+                        loop.line,
+                        rule.rewritable,
+                    )
                 )
     for loop in report.loops:
         codes = {d.code for d in report.diagnostics if d.loop_line == loop.line}

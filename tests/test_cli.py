@@ -54,7 +54,10 @@ def test_clean_file_exits_0(project):
     write(project / "clean.py", CLEAN_SCRIPT)
     result = run("check", "clean.py")
     assert result.exit_code == 0, result.output
-    assert result.stdout == "clean.py:3: train loop in main(): capturable\n\n1 loop, 1 capturable, 0 capturable after rewrite, 0 not capturable, 0 breakers\n"
+    assert (
+        result.stdout
+        == "clean.py:3: train loop in main(): capturable\n\n1 loop, 1 capturable, 0 capturable after rewrite, 0 not capturable, 0 breakers\n"
+    )
     assert result.stderr == ""
 
 
@@ -315,8 +318,11 @@ def _engine_available() -> bool:
 def test_real_engine_bad_input(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     expected = make_bad_inputs(tmp_path)
-    write(tmp_path / "good.py", "import torch\n\ndef main(model, loader, opt):\n    for x in loader:\n"
-          "        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n        print(loss.item())\n")
+    write(
+        tmp_path / "good.py",
+        "import torch\n\ndef main(model, loader, opt):\n    for x in loader:\n"
+        "        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n        print(loss.item())\n",
+    )
     result = run("check", "--format", "json", *expected, "good.py")
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output

@@ -94,9 +94,7 @@ def target_repo(tmp: Path, name: str, hook: Path, rev: str, script: str, pyproje
     repo.mkdir()
     if pyproject is not None:
         (repo / "pyproject.toml").write_text(pyproject)
-    (repo / ".pre-commit-config.yaml").write_text(
-        f"repos:\n- repo: {hook}\n  rev: {rev}\n  hooks:\n  - id: graphify-check\n"
-    )
+    (repo / ".pre-commit-config.yaml").write_text(f"repos:\n- repo: {hook}\n  rev: {rev}\n  hooks:\n  - id: graphify-check\n")
     (repo / "train.py").write_text(script)
     (repo / "notes.txt").write_text("not python\n")
     git("init", "-q", cwd=repo)
@@ -107,7 +105,11 @@ def target_repo(tmp: Path, name: str, hook: Path, rev: str, script: str, pyproje
 def pre_commit(repo: Path, env) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pre_commit", "run", "--all-files", "--color", "never"],
-        cwd=repo, env=env, capture_output=True, text=True, timeout=600,
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -146,9 +148,7 @@ def test_rewrite_check_hook_fails_until_the_file_is_rewritten(precommit_env):
     tmp, hook, rev, env = precommit_env
     repo = tmp / "rewritable"
     repo.mkdir()
-    (repo / ".pre-commit-config.yaml").write_text(
-        f"repos:\n- repo: {hook}\n  rev: {rev}\n  hooks:\n  - id: graphify-rewrite-check\n"
-    )
+    (repo / ".pre-commit-config.yaml").write_text(f"repos:\n- repo: {hook}\n  rev: {rev}\n  hooks:\n  - id: graphify-rewrite-check\n")
     (repo / "train.py").write_text(REWRITABLE)
     git("init", "-q", cwd=repo)
     git("add", "-A", cwd=repo)

@@ -1,4 +1,5 @@
 """The real-world suite's manifest and labels are well formed, and its scorer counts correctly."""
+
 import importlib.util
 import re
 import sys
@@ -46,10 +47,17 @@ def test_every_script_is_labelled_with_known_categories_and_verdicts():
 
 def test_scorer_counts_hits_misses_false_alarms_and_ambiguous_labels():
     score = _score_module().score_file(
-        {"breaker": [{"line": 3, "category": "host-sync"}, {"line": 5, "category": "cross-device"},
-                     {"line": 9, "category": "logging-io", "ambiguous": True}],
-         "loop": [{"line": 2, "kind": "train", "verdict": "capturable-after-rewrite"},
-                  {"line": 20, "kind": "inference", "verdict": "capturable"}]},
+        {
+            "breaker": [
+                {"line": 3, "category": "host-sync"},
+                {"line": 5, "category": "cross-device"},
+                {"line": 9, "category": "logging-io", "ambiguous": True},
+            ],
+            "loop": [
+                {"line": 2, "kind": "train", "verdict": "capturable-after-rewrite"},
+                {"line": 20, "kind": "inference", "verdict": "capturable"},
+            ],
+        },
         diagnostics=[(3, "host-sync", "GFY001"), (7, "rng", "GFY601"), (9, "logging-io", "GFY511")],
         loops=[(2, "train", "not-capturable"), (30, "train", "capturable")],
     )
@@ -95,15 +103,29 @@ def test_run_summary_counts_loops_refusals_and_verified_rewrites():
     sys.path.insert(0, str(REAL))
     from run_report import summary
 
-    static = {"a": [{"kind": "train", "rewritten": True, "label": "capturable-after-rewrite", "codes": []},
-                    {"kind": "train", "rewritten": False, "label": "not-capturable", "codes": ["GFY701"]},
-                    {"kind": "inference", "rewritten": False, "label": "capturable-after-rewrite", "codes": ["GFY001"]}]}
+    static = {
+        "a": [
+            {"kind": "train", "rewritten": True, "label": "capturable-after-rewrite", "codes": []},
+            {"kind": "train", "rewritten": False, "label": "not-capturable", "codes": ["GFY701"]},
+            {"kind": "inference", "rewritten": False, "label": "capturable-after-rewrite", "codes": ["GFY001"]},
+        ]
+    }
     passed = {"status": "passed", "speedup": 2.0, "runtime_notes": []}
     fell_back = {"status": "passed", "speedup": 1.1, "runtime_notes": ["x.py:3: GraphifyFallbackWarning: graphify: ..."]}
-    records = [{"id": "a", "cuda_used": True, "verify": passed,
-                "whole_run": {"eager": {"ok": True, "seconds": 3.0}, "graphify": {"ok": True, "seconds": 2.0}}},
-               {"id": "b", "cuda_used": True, "verify": fell_back,
-                "whole_run": {"eager": {"ok": True, "seconds": 3.0}, "graphify": {"ok": False, "why": "boom"}}}]
+    records = [
+        {
+            "id": "a",
+            "cuda_used": True,
+            "verify": passed,
+            "whole_run": {"eager": {"ok": True, "seconds": 3.0}, "graphify": {"ok": True, "seconds": 2.0}},
+        },
+        {
+            "id": "b",
+            "cuda_used": True,
+            "verify": fell_back,
+            "whole_run": {"eager": {"ok": True, "seconds": 3.0}, "graphify": {"ok": False, "why": "boom"}},
+        },
+    ]
     text = "\n".join(summary(records, static))
     assert "| training loops rewritten (of those found) | 1/2 |" in text
     assert "| refusals true (hand label: not capturable whole) | 1/2 (1 disputed, 0 unlabelled) |" in text

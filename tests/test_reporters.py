@@ -139,7 +139,18 @@ def test_json_schema_exact_keys():
     assert list(doc) == ["version", "diagnostics", "loops", "errors"]
     assert doc["version"] == 1
     assert list(doc["diagnostics"][0]) == [
-        "path", "line", "column", "end_line", "end_column", "code", "name", "category", "severity", "message", "fix", "loop_line",
+        "path",
+        "line",
+        "column",
+        "end_line",
+        "end_column",
+        "code",
+        "name",
+        "category",
+        "severity",
+        "message",
+        "fix",
+        "loop_line",
     ]
     assert list(doc["loops"][0]) == ["path", "line", "end_line", "kind", "function", "verdict", "reasons"]
     assert list(doc["errors"][0]) == ["path", "message"]

@@ -17,7 +17,9 @@ UPDATE = os.environ.get("GRAPHIFY_UPDATE_FIXTURES") == "1"
 
 
 def rewritable_cases():
-    return [c for c in cases() if any(v in ("capturable", "capturable-after-rewrite", "partially-capturable") for *_, v in expectations(c)[1])]
+    return [
+        c for c in cases() if any(v in ("capturable", "capturable-after-rewrite", "partially-capturable") for *_, v in expectations(c)[1])
+    ]
 
 
 def golden_path(case: Path) -> Path:

@@ -70,6 +70,7 @@ def _make_epoch_step(model, opt):
         loss.backward()
         opt.step()
         return loss
+
     return CapturedStep(train_step)
 
 

@@ -46,6 +46,7 @@ def _eager_step(model, opt):
         loss.backward()
         opt.step()
         return loss
+
     return train_step
 
 
@@ -58,6 +59,7 @@ def _failing_step(model, opt):
             return loss
         opt.step()
         return loss
+
     return CapturedStep(train_step)
 
 
@@ -81,6 +83,7 @@ def _epoch(model, opt, batches):
         loss.backward()
         opt.step()
         return {"loss": loss, "parts": (out, loss.detach())}
+
     train_step = CapturedStep(train_step)
     for x, y in batches:
         out = train_step(Batch(x, y))
@@ -127,7 +130,8 @@ def test_a_ddp_model_runs_eagerly_with_one_warning(tmp_path):
             for x, y in batches:
                 step(x, y)
         assert [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)] == [
-            "graphify: `_eager_step.<locals>.train_step` runs eagerly: the step runs a DistributedDataParallel model, whose step is not captured yet"]
+            "graphify: `_eager_step.<locals>.train_step` runs eagerly: the step runs a DistributedDataParallel model, whose step is not captured yet"
+        ]
         got = _state(model, opt)
         for a, b in zip(expected[0], got[0]):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

@@ -99,13 +99,19 @@ def test_script_with_argparse_main_guard_sibling_import_and_dropout(tmp_path, mo
     project = tmp_path / "project"
     project.mkdir()
     (project / "settings.txt").write_text("16\n")  # read relative to the working directory
-    write(project, """\
+    write(
+        project,
+        """\
         import torch.nn as nn
 
         def make_model(hidden):
             return nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Dropout(0.3), nn.Linear(hidden, 1))
-    """, "nets.py")
-    script = write(project, """\
+    """,
+        "nets.py",
+    )
+    script = write(
+        project,
+        """\
         import argparse
         import os
 
@@ -138,7 +144,8 @@ def test_script_with_argparse_main_guard_sibling_import_and_dropout(tmp_path, mo
 
         if __name__ == "__main__":
             main()
-    """)
+    """,
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -153,14 +160,18 @@ def test_script_with_argparse_main_guard_sibling_import_and_dropout(tmp_path, mo
 
 def stale_input(code):
     """(a) A static buffer never refreshed: every replay trains on the first batch."""
-    return _replace(code, r"^(\s*)(\w+) = train_step\(x, y\)$",
-                    r"\1_first = _first if '_first' in dir() else (x, y)\n\1\2 = train_step(*_first)")
+    return _replace(
+        code, r"^(\s*)(\w+) = train_step\(x, y\)$", r"\1_first = _first if '_first' in dir() else (x, y)\n\1\2 = train_step(*_first)"
+    )
 
 
 def item_frozen_at_capture(code):
     """(b) `.item()` left inside the graph: the host value is read once, at capture, never again."""
-    return _replace(code, r"^(\s*)scheduler\.step\(loss\.item\(\)\)$",
-                    r"\1_frozen = _frozen if '_frozen' in dir() else loss.item()\n\1scheduler.step(_frozen)")
+    return _replace(
+        code,
+        r"^(\s*)scheduler\.step\(loss\.item\(\)\)$",
+        r"\1_frozen = _frozen if '_frozen' in dir() else loss.item()\n\1scheduler.step(_frozen)",
+    )
 
 
 def host_code_runs_once(code):
@@ -173,12 +184,16 @@ def frozen_learning_rate(code):
     return _replace(code, r"^\s*scheduler\.step\(\)\n", "")
 
 
-@pytest.mark.parametrize("source, mutate, expect", [
-    (TRAIN, stale_input, "losses differ"),
-    (PLATEAU, item_frozen_at_capture, "differ"),
-    (TRAIN, host_code_runs_once, "the original ran 12 steps, the rewrite 1"),
-    (TRAIN, frozen_learning_rate, "parameters differ at step 2"),
-], ids=["stale-static-input", "item-frozen-at-capture", "host-logging-runs-once", "frozen-lr"])
+@pytest.mark.parametrize(
+    "source, mutate, expect",
+    [
+        (TRAIN, stale_input, "losses differ"),
+        (PLATEAU, item_frozen_at_capture, "differ"),
+        (TRAIN, host_code_runs_once, "the original ran 12 steps, the rewrite 1"),
+        (TRAIN, frozen_learning_rate, "parameters differ at step 2"),
+    ],
+    ids=["stale-static-input", "item-frozen-at-capture", "host-logging-runs-once", "frozen-lr"],
+)
 def test_wrong_rewrite_fails(tmp_path, source, mutate, expect):
     report = verify_file(write(tmp_path, source), steps=STEPS, rewrite_hook=mutate)
     assert report.exit_code == 1 and not report.passed
@@ -197,7 +212,12 @@ def test_mistake_within_tolerance_passes_and_outside_fails(tmp_path):
 
 
 def test_crashing_original_exits_2(tmp_path):
-    path = write(tmp_path, TRAIN.replace("    scheduler.step()\n", "    scheduler.step()\n    if scheduler.last_epoch == 3:\n        raise RuntimeError('disk full')\n"))
+    path = write(
+        tmp_path,
+        TRAIN.replace(
+            "    scheduler.step()\n", "    scheduler.step()\n    if scheduler.last_epoch == 3:\n        raise RuntimeError('disk full')\n"
+        ),
+    )
     report = verify_file(path, steps=STEPS)
     assert report.exit_code == 2
     assert report.message.startswith("the original script failed")
@@ -236,8 +256,7 @@ def test_cli_json_and_a_script_that_ends_before_the_steps(tmp_path):
     assert doc["args"] == ["--lr", "0.01"]
     assert doc["steps"] == {"original": 5, "rewrite": 5}  # compares what there is
     assert doc["runs"]["original"]["ended"] == "script-ended"
-    assert doc["tolerance"] == {"rtol": 0.0, "atol": 0.0, "exact": True, "precision": "float32", "update_tol": 0.0,
-                                "steps_compared": 5}
+    assert doc["tolerance"] == {"rtol": 0.0, "atol": 0.0, "exact": True, "precision": "float32", "update_tol": 0.0, "steps_compared": 5}
     assert doc["losses"]["first_divergent_step"] is None and doc["losses"]["compared"] == 5
     assert len(doc["runs"]["original"]["values"]) == 5
     assert doc["on_cuda"] is False and doc["speedup"] is None
@@ -274,7 +293,8 @@ def test_cuda_rewrite_passes_with_default_tolerance_and_is_timed(tmp_path):
 # The same training under bf16 autocast: looser default tolerances.
 TRAIN_CUDA_BF16 = TRAIN_CUDA.replace(
     "    loss = nn.functional.mse_loss(model(x), y)\n",
-    "    with torch.autocast('cuda', dtype=torch.bfloat16):\n        loss = nn.functional.mse_loss(model(x).float(), y)\n")
+    "    with torch.autocast('cuda', dtype=torch.bfloat16):\n        loss = nn.functional.mse_loss(model(x).float(), y)\n",
+)
 
 
 @pytest.mark.cuda
@@ -363,6 +383,7 @@ def test_a_short_run_says_what_it_did_not_cover(tmp_path):
     assert report.passed
     assert [w.split(":")[0] for w in report.warnings] == [
         "the run stopped after 20 steps, before the loop was entered a second time (a second epoch)",
-        "the learning rate did not change within the 20 compared steps"]
+        "the learning rate did not change within the 20 compared steps",
+    ]
     result = CliRunner().invoke(cli, ["verify", write(tmp_path, EPOCHS, "again.py"), "--steps", "20", "--json"])
     assert len(json.loads(result.stdout)["warnings"]) == 2

@@ -211,13 +211,19 @@ def test_forcing_loads_the_whole_state_in_place_and_measures_one_step(tmp_path):
     assert [p.data_ptr() for p in model.parameters()] == pointers
     assert _step(model, opt) == expected_loss  # same state, same RNG draws: the same step, bit for bit
     again = forcing.snapshot(torch, [opt], modules)
-    assert forcing.differences(torch, again, after, before) == {"params": 0.0, "params_abs": 0.0, "optim": 0.0,
-                                                                 "optim_abs": 0.0, "buffers": 0.0, "buffers_abs": 0.0}
+    assert forcing.differences(torch, again, after, before) == {
+        "params": 0.0,
+        "params_abs": 0.0,
+        "optim": 0.0,
+        "optim_abs": 0.0,
+        "buffers": 0.0,
+        "buffers_abs": 0.0,
+    }
     with torch.no_grad():
         model[0].weight.add_(1e-3)
     off = forcing.differences(torch, forcing.snapshot(torch, [opt], modules), after, before)
     update = torch.linalg.vector_norm(torch.cat([(a - b).flatten().double() for a, b in zip(after["params"], before["params"])]))
-    assert math.isclose(off["params"], (1e-3 * 12 ** 0.5) / float(update), rel_tol=1e-3)
+    assert math.isclose(off["params"], (1e-3 * 12**0.5) / float(update), rel_tol=1e-3)
 
 
 def test_record_then_force_compares_each_step_from_the_originals_state(tmp_path):
@@ -268,8 +274,9 @@ def test_profile_summary_and_the_verdict_it_drives():
 
     def report(busy):
         r = VerifyReport("train.py", 20)
-        r.original = RunResult("original", 0, data={"on_cuda": True, "times": [0.002 * k for k in range(20)],
-                                                     "profile": dict(eager, gpu_busy_share=busy)})
+        r.original = RunResult(
+            "original", 0, data={"on_cuda": True, "times": [0.002 * k for k in range(20)], "profile": dict(eager, gpu_busy_share=busy)}
+        )
         r.rewrite = RunResult("rewrite", 0, data={"graphs": 1, "times": [0.0005 * k for k in range(20)], "profile": graphed})
         return speed_verdict(r)
 

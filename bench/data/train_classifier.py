@@ -246,9 +246,7 @@ def main() -> None:
     model = Net(cfg.num_classes).to(device, memory_format=torch.channels_last)
     optimizer = build_optimizer(model, cfg)
     total_steps = cfg.epochs * len(train_loader)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: cosine_with_warmup(s, total_steps, cfg.warmup_steps)
-    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_with_warmup(s, total_steps, cfg.warmup_steps))
     scaler = torch.cuda.amp.GradScaler(enabled=cfg.amp)
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
 
@@ -260,9 +258,7 @@ def main() -> None:
     history = []
     for epoch in range(cfg.epochs):
         t0 = time.time()
-        train_loss, train_acc = train_one_epoch(
-            model, train_loader, optimizer, scheduler, scaler, criterion, device, epoch, cfg, history
-        )
+        train_loss, train_acc = train_one_epoch(model, train_loader, optimizer, scheduler, scaler, criterion, device, epoch, cfg, history)
         if (epoch + 1) % cfg.eval_every == 0:
             val_loss, top1, top5 = evaluate(model, val_loader, criterion, device)
             print(
@@ -271,9 +267,7 @@ def main() -> None:
             )
             if top1 > best:
                 best = top1
-                save_checkpoint(
-                    os.path.join(cfg.out_dir, "best.pt"), model, optimizer, scheduler, scaler, epoch, best
-                )
+                save_checkpoint(os.path.join(cfg.out_dir, "best.pt"), model, optimizer, scheduler, scaler, epoch, best)
         save_checkpoint(os.path.join(cfg.out_dir, "last.pt"), model, optimizer, scheduler, scaler, epoch, best)
 
     with open(os.path.join(cfg.out_dir, "history.json"), "w") as f:

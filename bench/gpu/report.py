@@ -122,8 +122,7 @@ def render_markdown(data, png_name: str | None = "benchmarks.png") -> str:
         + (
             "(compile variants reset Dynamo first, so they recompile with warm Inductor caches), "
             if meta.get("compile_reset")
-            else "(compile variants keep their Dynamo cache, so a new build re-records CUDA graphs and "
-            "recompiles only where guards fail), "
+            else "(compile variants keep their Dynamo cache, so a new build re-records CUDA graphs and recompiles only where guards fail), "
         )
         + "give "
         "ms/step = (t(n2) − t(n1)) / (n2 − n1); the table shows the median. Setup = t(first call) − "
@@ -188,8 +187,7 @@ def render_plot(data, path) -> bool:
         for bar, h in zip(bars, heights):
             if h > 0:
                 y = h * 1.04 if h >= 1 else h / 1.04
-                ax.text(bar.get_x() + bar.get_width() / 2, y, f"{h:.2f}", ha="center",
-                        va="bottom" if h >= 1 else "top", fontsize=6)
+                ax.text(bar.get_x() + bar.get_width() / 2, y, f"{h:.2f}", ha="center", va="bottom" if h >= 1 else "top", fontsize=6)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="eager = 1")
     ax.set_xticks(range(len(workloads)))
     ax.set_xticklabels(workloads)

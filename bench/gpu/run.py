@@ -432,13 +432,20 @@ def run_variant(workload, variant, n1, n2, args, timeout_s) -> dict:
         cmd = [
             sys.executable,
             str(Path(__file__).resolve()),
-            "--worker-workload", workload,
-            "--worker-variant", variant,
-            "--worker-n1", str(n1),
-            "--worker-n2", str(n2),
-            "--repeats", str(args.repeats),
-            "--result-file", str(result_file),
-            "--graphified-dir", str(args.graphified_dir),
+            "--worker-workload",
+            workload,
+            "--worker-variant",
+            variant,
+            "--worker-n1",
+            str(n1),
+            "--worker-n2",
+            str(n2),
+            "--repeats",
+            str(args.repeats),
+            "--result-file",
+            str(result_file),
+            "--graphified-dir",
+            str(args.graphified_dir),
         ]
         if args.cpu:
             cmd.append("--cpu")
@@ -447,9 +454,7 @@ def run_variant(workload, variant, n1, n2, args, timeout_s) -> dict:
         log_path = Path(tmp) / "log.txt"
         start = time.perf_counter()
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                cmd, cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -673,9 +678,7 @@ def _first_doc_line(workload: str) -> str:
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        )
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
         return out.stdout.strip() or None
     except Exception:
         return None

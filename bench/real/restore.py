@@ -40,9 +40,7 @@ def _git_dir(mirrors: Path, repo: str) -> Path | None:
 
 
 def _git(git_dir: Path, *args: str) -> bytes:
-    return subprocess.run(
-        ["git", "--git-dir", str(git_dir), *args], check=True, capture_output=True
-    ).stdout
+    return subprocess.run(["git", "--git-dir", str(git_dir), *args], check=True, capture_output=True).stdout
 
 
 def restore_one(entry: dict, mirrors: Path, dest: Path, target: Path | None = None) -> str | None:

@@ -110,14 +110,34 @@ def loop_outcomes(script_id: str, script: Path) -> tuple[list[dict], str | None]
     label_path = LABELS / f"{script_id}.toml"
     labels = {lp["line"]: lp["verdict"] for lp in load_labels(label_path).get("loop", [])} if label_path.exists() else {}
     result = rewrite_source(script.read_text(), str(script))
-    loops = [{"line": o.line, "kind": o.kind, "verdict": o.verdict.value, "rewritten": o.rewritten,
-              "codes": sorted(set(o.reasons)), "label": labels.get(o.line)} for o in result.outcomes]
+    loops = [
+        {
+            "line": o.line,
+            "kind": o.kind,
+            "verdict": o.verdict.value,
+            "rewritten": o.rewritten,
+            "codes": sorted(set(o.reasons)),
+            "label": labels.get(o.line),
+        }
+        for o in result.outcomes
+    ]
     return loops, result.code if any(loop["rewritten"] for loop in loops) else None
 
 
 def _verify(script: Path, run: dict) -> dict:
-    command = [sys.executable, "-m", "graphify", "verify", str(script), "--json", "--keep", "--timeout", str(VERIFY_TIMEOUT),
-               "--", *run.get("args", [])]
+    command = [
+        sys.executable,
+        "-m",
+        "graphify",
+        "verify",
+        str(script),
+        "--json",
+        "--keep",
+        "--timeout",
+        str(VERIFY_TIMEOUT),
+        "--",
+        *run.get("args", []),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env=_environment(run), cwd=script.parent)
     try:
         doc = json.loads(done.stdout)
@@ -129,19 +149,32 @@ def _verify(script: Path, run: dict) -> dict:
         stderr = Path(doc["workdir"]) / "rewrite.stderr"
         notes = [line[:300] for line in stderr.read_text().splitlines() if FALLBACK in line] if stderr.exists() else []
         shutil.rmtree(doc["workdir"], ignore_errors=True)
-    return {"status": doc["status"], "message": doc.get("message"), "speedup": doc.get("speedup"),
-            "warnings": doc.get("warnings"), "runtime_notes": notes[:5],
-            "loop": (doc.get("loop") or {}).get("line"), "verdict": doc.get("verdict"),
-            "ms_per_step": {k: v.get("ms_per_step") for k, v in runs.items()},
-            "setup_s": {k: v.get("setup_s") for k, v in runs.items()},
-            "steps_compared": (doc.get("tolerance") or {}).get("steps_compared"), "on_cuda": doc.get("on_cuda")}
+    return {
+        "status": doc["status"],
+        "message": doc.get("message"),
+        "speedup": doc.get("speedup"),
+        "warnings": doc.get("warnings"),
+        "runtime_notes": notes[:5],
+        "loop": (doc.get("loop") or {}).get("line"),
+        "verdict": doc.get("verdict"),
+        "ms_per_step": {k: v.get("ms_per_step") for k, v in runs.items()},
+        "setup_s": {k: v.get("setup_s") for k, v in runs.items()},
+        "steps_compared": (doc.get("tolerance") or {}).get("steps_compared"),
+        "on_cuda": doc.get("on_cuda"),
+    }
 
 
 def _whole_run(script: Path, run: dict) -> dict:
     started = time.perf_counter()
     try:
-        done = subprocess.run([sys.executable, script.name, *run.get("args", [])], capture_output=True, text=True,
-                              env=_environment(run), cwd=script.parent, timeout=WHOLE_RUN_TIMEOUT)
+        done = subprocess.run(
+            [sys.executable, script.name, *run.get("args", [])],
+            capture_output=True,
+            text=True,
+            env=_environment(run),
+            cwd=script.parent,
+            timeout=WHOLE_RUN_TIMEOUT,
+        )
     except subprocess.TimeoutExpired:
         return {"ok": False, "why": f"over {WHOLE_RUN_TIMEOUT} s"}
     seconds = time.perf_counter() - started

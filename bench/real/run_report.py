@@ -19,8 +19,12 @@ CAPTURABLE_LABELS = {"capturable-after-rewrite", "capturable"}
 def _static_loops() -> dict[str, list[dict]]:
     from run import loop_outcomes
 
-    return {entry["id"]: loop_outcomes(entry["id"], path)[0] for entry in load_manifest()
-            for path in [restored_path(entry, DEFAULT_DEST)] if path.exists()}
+    return {
+        entry["id"]: loop_outcomes(entry["id"], path)[0]
+        for entry in load_manifest()
+        for path in [restored_path(entry, DEFAULT_DEST)]
+        if path.exists()
+    }
 
 
 def _refusal_truth(loop: dict) -> str:
@@ -37,8 +41,10 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def _row(record: dict, loops: list[dict]) -> str:
     rewritten = ", ".join(f"{lp['line']} {lp['kind'][:5]}" for lp in loops if lp["rewritten"]) or "—"
-    refused = "; ".join(f"{lp['line']} {lp['kind'][:5]} {'/'.join(lp['codes'])} ({_refusal_truth(lp)})"
-                        for lp in loops if not lp["rewritten"]) or "—"
+    refused = (
+        "; ".join(f"{lp['line']} {lp['kind'][:5]} {'/'.join(lp['codes'])} ({_refusal_truth(lp)})" for lp in loops if not lp["rewritten"])
+        or "—"
+    )
     if "skipped" in record:
         return f"| {record['id']} | {rewritten} | {refused} | not run: {record['skipped']} | | |"
     verify = record.get("verify")
@@ -77,8 +83,7 @@ def summary(records: list[dict], static: dict[str, list[dict]]) -> list[str]:
     speedups = [v["speedup"] for v in passed if v.get("speedup") and v not in fell_back]  # nothing was captured
     whole = [r["whole_run"] for r in records if r.get("whole_run") and r.get("cuda_used")]
     crashes = [w for w in whole if w["eager"].get("ok") and not w["graphify"].get("ok")]
-    whole_ratios = [w["eager"]["seconds"] / w["graphify"]["seconds"] for w in whole
-                    if w["eager"].get("ok") and w["graphify"].get("ok")]
+    whole_ratios = [w["eager"]["seconds"] / w["graphify"]["seconds"] for w in whole if w["eager"].get("ok") and w["graphify"].get("ok")]
     median = f"{statistics.median(speedups):.2f}×" if speedups else "—"
     median_whole = f"{statistics.median(whole_ratios):.2f}× (min {min(whole_ratios):.2f}×)" if whole_ratios else "—"
     return [
@@ -101,18 +106,24 @@ def write_report(json_path: Path, out: Path) -> int:
     doc = json.loads(json_path.read_text())
     records = sorted(doc["records"], key=lambda r: [e["id"] for e in load_manifest()].index(r["id"]))
     static = _static_loops()
-    lines = ["# The real-world suite on the GPU", "",
-             f"{len(static)} scripts ({doc['device']}). Scripts, commits and synthetic-data runs: bench/real/manifest.toml,"
-             " bench/real/runs.toml; made by `python bench/real/run.py run` then `report`.", ""]
+    lines = [
+        "# The real-world suite on the GPU",
+        "",
+        f"{len(static)} scripts ({doc['device']}). Scripts, commits and synthetic-data runs: bench/real/manifest.toml,"
+        " bench/real/runs.toml; made by `python bench/real/run.py run` then `report`.",
+        "",
+    ]
     lines += summary(records, static)
-    lines += ["", "| script | rewritten loops | refused loops (codes; refusal true?) | verify | step speedup | whole run, eager → graphify |",
-              "| --- | --- | --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "| script | rewritten loops | refused loops (codes; refusal true?) | verify | step speedup | whole run, eager → graphify |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     from run import load_runs
 
     not_run = load_runs()[1]
     seen = {record["id"] for record in records}
-    records += [{"id": e["id"], "skipped": not_run.get(e["id"], "no run in runs.toml")} for e in load_manifest()
-                if e["id"] not in seen]
+    records += [{"id": e["id"], "skipped": not_run.get(e["id"], "no run in runs.toml")} for e in load_manifest() if e["id"] not in seen]
     lines += [_row(record, static.get(record["id"], record.get("loops", []))) for record in records]
     out.write_text("\n".join(lines) + "\n")
     print(out.read_text())

@@ -41,8 +41,7 @@ class Score:
     loop_notes: list[str] = field(default_factory=list)
 
     def add(self, other: "Score") -> None:
-        for name in ("hits", "labelled", "reported", "loops_labelled", "loops_found", "loops_extra",
-                     "verdicts_right"):
+        for name in ("hits", "labelled", "reported", "loops_labelled", "loops_found", "loops_extra", "verdicts_right"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @property
@@ -59,8 +58,7 @@ def load_labels(path: Path) -> dict:
         return tomllib.load(handle)
 
 
-def score_file(labels: dict, diagnostics: list[tuple[int, str, str]],
-               loops: list[tuple[int, str, str]]) -> Score:
+def score_file(labels: dict, diagnostics: list[tuple[int, str, str]], loops: list[tuple[int, str, str]]) -> Score:
     """diagnostics: (line, category, code); loops: (line, kind, verdict), as `check` reports them."""
     score = Score()
     wanted = {(b["line"], b["category"]) for b in labels.get("breaker", []) if not b.get("ambiguous")}
@@ -72,8 +70,7 @@ def score_file(labels: dict, diagnostics: list[tuple[int, str, str]],
     score.labelled, score.reported = len(wanted), len(reported)
     score.hits = len(wanted & reported)
     score.missed = [f"{line}: {category}" for line, category in sorted(wanted - reported)]
-    score.false_alarms = [f"{line}: {category} ({codes[line, category]})"
-                          for line, category in sorted(reported - wanted)]
+    score.false_alarms = [f"{line}: {category} ({codes[line, category]})" for line, category in sorted(reported - wanted)]
     found = {line: (kind, verdict) for line, kind, verdict in loops}
     labelled_loops = [lp for lp in labels.get("loop", []) if not lp.get("ambiguous")]
     score.loops_labelled = len(labelled_loops)
@@ -112,8 +109,7 @@ def render(rows: list[tuple[str, Score]], total: Score, details: bool, seconds: 
     lines = [
         "# `graphify check` on the labelled real-world suite",
         "",
-        f"{len(rows)} scripts; labels: bench/real/labels/ (rules: bench/real/LABELS.md); "
-        f"analysis time {seconds:.1f} s in one process.",
+        f"{len(rows)} scripts; labels: bench/real/labels/ (rules: bench/real/LABELS.md); analysis time {seconds:.1f} s in one process.",
         "",
         "| | value |",
         "| --- | --- |",
@@ -127,13 +123,14 @@ def render(rows: list[tuple[str, Score]], total: Score, details: bool, seconds: 
         "| --- | --- | --- | --- | --- |",
     ]
     for name, s in rows:
-        lines.append(f"| {name} | {_ratio(s.hits, s.labelled)} | {_ratio(s.hits, s.reported)} | "
-                     f"{s.loops_found}/{s.loops_labelled} | {s.verdicts_right}/{s.loops_found} |")
+        lines.append(
+            f"| {name} | {_ratio(s.hits, s.labelled)} | {_ratio(s.hits, s.reported)} | "
+            f"{s.loops_found}/{s.loops_labelled} | {s.verdicts_right}/{s.loops_found} |"
+        )
     if details:
         lines += ["", "## Differences", ""]
         for name, s in rows:
-            notes = ([f"missed {m}" for m in s.missed] + [f"false alarm {f}" for f in s.false_alarms]
-                     + s.loop_notes)
+            notes = [f"missed {m}" for m in s.missed] + [f"false alarm {f}" for f in s.false_alarms] + s.loop_notes
             if notes:
                 lines.append(f"* **{name}**: " + "; ".join(notes))
     return "\n".join(lines) + "\n"

@@ -75,8 +75,9 @@ def word_corpus(path: Path, lines: int = 2000, vocabulary: int = 1000) -> None:
             handle.write(" " + " ".join(words[i] for i in rng.integers(0, vocabulary, size=rng.integers(5, 25))) + " \n")
 
 
-def image_folder(folder: Path, splits: tuple[str, ...] = ("train", "validation"), classes: int = 10,
-                 per_class: int = 32, size: int = 64) -> None:
+def image_folder(
+    folder: Path, splits: tuple[str, ...] = ("train", "validation"), classes: int = 10, per_class: int = 32, size: int = 64
+) -> None:
     """ImageNet's folder layout: folder/<split>/<class>/<image>.jpg."""
     from PIL import Image
 
@@ -102,9 +103,17 @@ def timm_checkpoint(path: Path, model: str = "resnet18", num_classes: int = 10) 
 
     if path.exists():
         return
-    code = ("import sys, timm, torch; torch.manual_seed(0); "
-            "torch.save(timm.create_model(sys.argv[1], num_classes=int(sys.argv[2])).state_dict(), sys.argv[3])")
+    code = (
+        "import sys, timm, torch; torch.manual_seed(0); "
+        "torch.save(timm.create_model(sys.argv[1], num_classes=int(sys.argv[2])).state_dict(), sys.argv[3])"
+    )
     subprocess.run([sys.executable, "-c", code, model, str(num_classes), path.name], cwd=path.parent, check=True)
 
 
-GENERATORS = {"timm_checkpoint": timm_checkpoint, "mnist": mnist, "cifar10": cifar10, "word_corpus": word_corpus, "image_folder": image_folder}
+GENERATORS = {
+    "timm_checkpoint": timm_checkpoint,
+    "mnist": mnist,
+    "cifar10": cifar10,
+    "word_corpus": word_corpus,
+    "image_folder": image_folder,
+}

@@ -8,19 +8,11 @@ import libcst as cst
 
 from graphify.analysis.names import dotted
 from graphify.analysis.tree import children, memo
-from graphify.analysis.values import (
-    DDP,
-    ENV,
-    MODEL,
-    OPTIMIZER,
-    SCALER,
-    Env,
-)
+from graphify.analysis.values import Env
+from graphify.analysis.vocabulary import DDP, ENV, MODEL, OPTIMIZER, SCALER
 
 NO_GRAD = ("no_grad", "inference_mode")
 _SKIP = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-
-
 
 
 def method_call(node: cst.CSTNode) -> tuple[cst.BaseExpression, str] | None:
@@ -66,9 +58,11 @@ def is_delegated_step(call: cst.Call, env: Env) -> bool:
     values = [a.value for a in call.args if not a.star]
     if len(values) < 2 or is_backward(call, env) or is_optimizer_step(call, env):
         return False
-    return (any(env.kind_of(v) == OPTIMIZER for v in values)
-            and any(env._tensor(v, 0) is True for v in values)
-            and not _defined_here(call.func, env))
+    return (
+        any(env.kind_of(v) == OPTIMIZER for v in values)
+        and any(env._tensor(v, 0) is True for v in values)
+        and not _defined_here(call.func, env)
+    )
 
 
 _NESTED: dict[int, tuple[cst.CSTNode, dict[str, cst.FunctionDef]]] = memo()
@@ -80,8 +74,9 @@ def nested_functions(outer: cst.FunctionDef | cst.Module) -> dict[str, cst.Funct
     if cached is None or cached[0] is not outer:
         found = {}
         # in a module, its own top-level functions are module functions, not closures
-        stmts = [s for s in outer.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))] \
-            if isinstance(outer, cst.Module) else [outer.body]
+        stmts = (
+            [s for s in outer.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))] if isinstance(outer, cst.Module) else [outer.body]
+        )
         for stmt in stmts:
             for n in _iter_nodes_all(stmt):
                 if isinstance(n, cst.FunctionDef):
@@ -115,8 +110,7 @@ def _defined_here(func: cst.BaseExpression, env: Env) -> bool:
 
 
 def is_step_op(node: cst.CSTNode, env: Env) -> bool:
-    return isinstance(node, cst.Call) and (
-        is_backward(node, env) or is_optimizer_step(node, env) or is_delegated_step(node, env))
+    return isinstance(node, cst.Call) and (is_backward(node, env) or is_optimizer_step(node, env) or is_delegated_step(node, env))
 
 
 def is_periodic_gpu_branch(node: cst.If, env: Env) -> bool:
@@ -132,19 +126,31 @@ def is_periodic_gpu_branch(node: cst.If, env: Env) -> bool:
         m = method_call(sub)
         if m is not None and m[1] == "eval" and env.kind_of(m[0]) in (MODEL, DDP):
             return True
-        if isinstance(sub, cst.Call) and isinstance(sub.func, cst.Name) and sub.func.value.startswith(("eval", "valid", "test", "estimate", "sample", "generate")):
+        if (
+            isinstance(sub, cst.Call)
+            and isinstance(sub.func, cst.Name)
+            and sub.func.value.startswith(("eval", "valid", "test", "estimate", "sample", "generate"))
+        ):
             return True
     return False
 
 
 def _is_step_like(node: cst.CSTNode) -> bool:
-    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("backward", "step", "manual_backward")
+    return (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in ("backward", "step", "manual_backward")
+    )
 
 
 def _mentions_no_grad(node: cst.With | cst.FunctionDef) -> bool:
     parts = [i.item for i in node.items] if isinstance(node, cst.With) else [d.decorator for d in node.decorators]
-    return any(isinstance(n, (cst.Name, cst.Attribute)) and (n.value if isinstance(n, cst.Name) else n.attr.value) in ("no_grad", "inference_mode", "set_grad_enabled")
-               for p in parts for n in _iter_nodes(p))
+    return any(
+        isinstance(n, (cst.Name, cst.Attribute))
+        and (n.value if isinstance(n, cst.Name) else n.attr.value) in ("no_grad", "inference_mode", "set_grad_enabled")
+        for p in parts
+        for n in _iter_nodes(p)
+    )
 
 
 def _iter_nodes_all(node: cst.CSTNode) -> Iterator[cst.CSTNode]:

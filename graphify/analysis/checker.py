@@ -14,12 +14,8 @@ from graphify.analysis.scope import collect_scope
 from graphify.analysis.targets import unwrap_iterable
 from graphify.analysis.names import dotted
 from graphify.analysis.program import ModuleInfo
-from graphify.analysis.values import (
-    ADAM_FAMILY,
-    SCALER,
-    Env,
-    is_torch_tensor_call,
-)
+from graphify.analysis.values import Env
+from graphify.analysis.vocabulary import ADAM_FAMILY, SCALER, is_torch_tensor_call
 from graphify.model import Rule
 
 _EMPTY_MODULE = cst.Module([])
@@ -49,13 +45,46 @@ def removable(finding: Finding) -> bool:
 
 
 LOGGING_METHODS = {
-    "debug", "info", "warning", "warn", "error", "critical", "exception", "log", "add_scalar", "add_scalars",
-    "add_histogram", "add_image", "add_text", "log_metrics", "log_metric", "set_postfix", "set_postfix_str",
-    "set_description", "set_description_str", "write",
+    "debug",
+    "info",
+    "warning",
+    "warn",
+    "error",
+    "critical",
+    "exception",
+    "log",
+    "add_scalar",
+    "add_scalars",
+    "add_histogram",
+    "add_image",
+    "add_text",
+    "log_metrics",
+    "log_metric",
+    "set_postfix",
+    "set_postfix_str",
+    "set_description",
+    "set_description_str",
+    "write",
 }
 METER_METHODS = {"update", "log_dict", "add"}
 METER_NAME_HINTS = ("meter", "metric_logger", "logger", "tracker", "stats")
-LOGGER_NAME_HINTS = ("log", "writer", "wandb", "mlflow", "tb", "summary", "pbar", "bar", "progress", "tqdm", "run", "experiment", "accelerator", "console", "self")
+LOGGER_NAME_HINTS = (
+    "log",
+    "writer",
+    "wandb",
+    "mlflow",
+    "tb",
+    "summary",
+    "pbar",
+    "bar",
+    "progress",
+    "tqdm",
+    "run",
+    "experiment",
+    "accelerator",
+    "console",
+    "self",
+)
 
 
 def is_logging_call(call: cst.Call, env: Env) -> bool:
@@ -115,7 +144,9 @@ class Checker:
     def finding(self, rule: Rule, node: cst.CSTNode, site: Site, message: str, fix: str, removable: bool | None = None) -> Finding:
         return Finding(rule, node, site.block.module, message, fix, removable)
 
-    def finding_at(self, rule: Rule, node: cst.CSTNode, module: ModuleInfo, message: str, fix: str, removable: bool | None = None) -> Finding:
+    def finding_at(
+        self, rule: Rule, node: cst.CSTNode, module: ModuleInfo, message: str, fix: str, removable: bool | None = None
+    ) -> Finding:
         return Finding(rule, node, module, message, fix, removable)
 
     @cached_property
@@ -160,8 +191,10 @@ class Checker:
         while changed:
             changed = False
             for target, value in assigned:
-                if target not in names and target in env.hosts and any(
-                    isinstance(n, cst.Name) and n.value in names for n in iter_nodes(value)
+                if (
+                    target not in names
+                    and target in env.hosts
+                    and any(isinstance(n, cst.Name) and n.value in names for n in iter_nodes(value))
                 ):
                     names.add(target)
                     changed = True
@@ -201,7 +234,7 @@ class Checker:
                         names.update(n.value for n in iter_nodes(t) if isinstance(n, cst.Name))
             if names:
                 start = self.position(node)
-                for n, s in self.region.nodes[start + 1:]:
+                for n, s in self.region.nodes[start + 1 :]:
                     if isinstance(n, cst.Name) and n.value in names and s.block is site.block and self._gpu_use(s):
                         return False
         return True

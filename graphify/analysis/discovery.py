@@ -10,7 +10,8 @@ import libcst as cst
 from graphify.analysis.names import dotted
 from graphify.analysis.program import FunctionInfo, ModuleInfo
 from graphify.analysis.tree import children
-from graphify.analysis.values import OPTIMIZER, Env, kind_by_name
+from graphify.analysis.values import Env
+from graphify.analysis.vocabulary import OPTIMIZER, kind_by_name
 from graphify.analysis.calls import (
     _is_step_like,
     _iter_nodes,
@@ -35,14 +36,19 @@ def runtime_helper_assignments(module: ModuleInfo) -> list[tuple[str, cst.BaseEx
     the runtime's classes however they are imported."""
     found = []
     for n in _iter_nodes_all(module.tree):
-        if isinstance(n, cst.Assign) and isinstance(n.value, cst.Call) and isinstance(n.targets[0].target, cst.Name) \
-                and module.aliases.qualify(n.value.func) in RUNTIME_HELPERS:
+        if (
+            isinstance(n, cst.Assign)
+            and isinstance(n.value, cst.Call)
+            and isinstance(n.targets[0].target, cst.Name)
+            and module.aliases.qualify(n.value.func) in RUNTIME_HELPERS
+        ):
             found.append((n.targets[0].target.value, n.value.args[0].value if n.value.args else None))
     return found
 
 
 def _is_runtime_helper(func: cst.BaseExpression, module: ModuleInfo) -> bool:
     return module.aliases.qualify(func) in RUNTIME_HELPERS
+
 
 LOOPS = (cst.For, cst.While)
 _SKIP = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -130,7 +136,9 @@ class ModuleAnalysis:
         scope = func.node if func.node is not None else None
         for a in ancestors:
             if isinstance(a, cst.With) and any(
-                (self.module.aliases.qualify(i.item.func if isinstance(i.item, cst.Call) else i.item) or "").startswith(("torch.cuda.stream", "torch.cuda.graph"))
+                (self.module.aliases.qualify(i.item.func if isinstance(i.item, cst.Call) else i.item) or "").startswith(
+                    ("torch.cuda.stream", "torch.cuda.graph")
+                )
                 for i in a.items
             ):
                 return True
@@ -138,7 +146,9 @@ class ModuleAnalysis:
             return False
         if scope.name.value in self._captured_steps:
             return True  # the step function of a loop `graphify rewrite` already captured
-        return any(isinstance(n, cst.Attribute) and n.attr.value in ("CUDAGraph", "make_graphed_callables") for n in _iter_nodes(scope.body))
+        return any(
+            isinstance(n, cst.Attribute) and n.attr.value in ("CUDAGraph", "make_graphed_callables") for n in _iter_nodes(scope.body)
+        )
 
     @cached_property
     def _captured_steps(self) -> set[str]:
@@ -202,8 +212,13 @@ class ModuleAnalysis:
                 else:
                     if isinstance(child, cst.Call):
                         f = child.func
-                        name = f.value if isinstance(f, cst.Name) else f.attr.value if (
-                            isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.value.value == "self") else None
+                        name = (
+                            f.value
+                            if isinstance(f, cst.Name)
+                            else f.attr.value
+                            if (isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.value.value == "self")
+                            else None
+                        )
                         if name and name not in sites:
                             sites[name] = (child, self.module.function_info(func_node, cls if func_node is not None else None))
                     visit(child, func_node, cls)
@@ -262,7 +277,9 @@ class ModuleAnalysis:
         if name is None:
             return None
         for value in env.values_of(name):
-            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda", "train"):
+            while (
+                isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda", "train")
+            ):
                 value = value.func.value
             if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in env.module.classes:
                 return env.module.classes[value.func.value]
@@ -333,9 +350,7 @@ class ModuleAnalysis:
         return steps, models
 
     def _has_step_anywhere(self, block: Block, loop: cst.CSTNode) -> bool:
-        return any(
-            is_step_op(n, s.env) for n, s in self._walk(block, loop, lambda *a: False, True, {id(block.func.node)})
-        )
+        return any(is_step_op(n, s.env) for n, s in self._walk(block, loop, lambda *a: False, True, {id(block.func.node)}))
 
     def _calls_model(self, loop: cst.CSTNode, block: Block) -> bool:
         sub = Block(block.func, block.env, [loop], block.call)
@@ -378,5 +393,3 @@ class ModuleAnalysis:
             if isinstance(a, cst.If) and is_periodic_gpu_branch(a, block.env):
                 return True
         return False
-
-

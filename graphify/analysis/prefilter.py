@@ -10,9 +10,11 @@ from __future__ import annotations
 import ast
 import re
 
-from graphify.analysis.values import OPTIMIZER, kind_by_name
+from graphify.analysis.vocabulary import OPTIMIZER, kind_by_name
 
-_MARKERS = re.compile(r"\.backward\s*\(|\.step\s*\(|no_grad|inference_mode|autograd\.backward|[(,]\s*(?:opt|optim|optimi[sz]er|\w+_opt|\w+_optim|\w+_optimi[sz]er)\s*[,)]")
+_MARKERS = re.compile(
+    r"\.backward\s*\(|\.step\s*\(|no_grad|inference_mode|autograd\.backward|[(,]\s*(?:opt|optim|optimi[sz]er|\w+_opt|\w+_optim|\w+_optimi[sz]er)\s*[,)]"
+)
 _STEP_ATTRS = {"backward", "step", "manual_backward"}
 _NO_GRAD = ("no_grad", "inference_mode", "set_grad_enabled")
 
@@ -28,14 +30,13 @@ def might_hold_loops(source: str) -> bool:
 
 
 def _calls_step(node: ast.AST) -> bool:
-    return any(
-        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _STEP_ATTRS
-        for n in ast.walk(node)
-    )
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _STEP_ATTRS for n in ast.walk(node))
 
 
 def _mentions_no_grad(node: ast.AST) -> bool:
-    return any(isinstance(n, (ast.Name, ast.Attribute)) and (getattr(n, "id", None) or getattr(n, "attr", "")) in _NO_GRAD for n in ast.walk(node))
+    return any(
+        isinstance(n, (ast.Name, ast.Attribute)) and (getattr(n, "id", None) or getattr(n, "attr", "")) in _NO_GRAD for n in ast.walk(node)
+    )
 
 
 def _names_optimizer(arg: ast.AST) -> bool:
@@ -46,9 +47,7 @@ def _names_optimizer(arg: ast.AST) -> bool:
 class _Scan:
     def __init__(self, tree: ast.Module) -> None:
         # functions that run a step themselves: a loop calling one of them may be a training loop
-        self.steppers = {
-            n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _calls_step(n)
-        }
+        self.steppers = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _calls_step(n)}
         self.found = self._visit(tree, no_grad=False)
 
     def _visit(self, node: ast.AST, no_grad: bool) -> bool:

@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphify.analysis.program import FunctionInfo, ModuleInfo
-from graphify.analysis.values import (
-    Env,
-)
+from graphify.analysis.values import Env
 
 
 @dataclass
@@ -67,5 +65,3 @@ class Loop:
     @property
     def module(self) -> ModuleInfo:
         return self.func.module
-
-

@@ -9,7 +9,8 @@ import libcst as cst
 from graphify.analysis.checker import is_logging_call
 from graphify.analysis.calls import is_model_call, is_step_op, method_call
 from graphify.analysis.tree import children
-from graphify.analysis.values import MODEL, OPTIMIZER, SCALER, Env, is_torch_tensor_call
+from graphify.analysis.values import Env
+from graphify.analysis.vocabulary import MODEL, OPTIMIZER, SCALER, is_torch_tensor_call
 
 _NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 HOST_READS = {"item", "tolist", "numpy", "cpu"}

@@ -6,11 +6,8 @@ from __future__ import annotations
 import libcst as cst
 
 from graphify.analysis.names import dotted
-from graphify.analysis.values import (
-    LOADER,
-    Env,
-)
-
+from graphify.analysis.values import Env
+from graphify.analysis.vocabulary import LOADER
 
 
 def unwrap_iterable(expr: cst.BaseExpression, env: Env) -> cst.BaseExpression:
@@ -43,7 +40,17 @@ def seed_loop_target(target: cst.BaseExpression, it: cst.BaseExpression, env: En
             for el, arg in zip(target.elements, it.args):
                 seed_loop_target(el.value, arg.value, env, seeds)
             return
-        if fname in ("items", "keys", "values", "named_parameters", "named_modules", "named_children", "modules", "children", "param_groups"):
+        if fname in (
+            "items",
+            "keys",
+            "values",
+            "named_parameters",
+            "named_modules",
+            "named_children",
+            "modules",
+            "children",
+            "param_groups",
+        ):
             for n in _target_leaves(target):
                 seeds.setdefault(n, False)
             return
@@ -51,8 +58,10 @@ def seed_loop_target(target: cst.BaseExpression, it: cst.BaseExpression, env: En
             for n in _target_leaves(target):
                 seeds[n] = True
             return
-    if isinstance(it, (cst.List, cst.Tuple, cst.Set)) or dotted(it) in ("self.param_groups",) or (
-        isinstance(it, cst.Attribute) and it.attr.value == "param_groups"
+    if (
+        isinstance(it, (cst.List, cst.Tuple, cst.Set))
+        or dotted(it) in ("self.param_groups",)
+        or (isinstance(it, cst.Attribute) and it.attr.value == "param_groups")
     ):
         for n in _target_leaves(target):
             seeds.setdefault(n, False)
@@ -69,4 +78,3 @@ def _target_leaves(target: cst.BaseExpression) -> list[str]:
         return [n for el in target.elements for n in _target_leaves(el.value)]
     name = dotted(target)
     return [name] if name else []
-

@@ -13,57 +13,25 @@ import libcst as cst
 from graphify.analysis.names import Aliases, dotted
 from graphify.analysis.scope import Scope
 from graphify.analysis.tree import children
-
-MODEL, OPTIMIZER, SCHEDULER, SCALER, LOADER, LOSS, DDP, GENERATOR, ENV, ACCELERATOR = (
-    "model", "optimizer", "scheduler", "scaler", "loader", "loss", "ddp", "generator", "env", "accelerator",
+from graphify.analysis.vocabulary import (
+    ACCELERATOR,
+    CONFIG_ROOTS,
+    DDP,
+    ENV,
+    GENERATOR,
+    HOST_ATTRIBUTES,
+    HOST_METHODS,
+    KNOWN_OPTIMIZERS,
+    LOADER,
+    LOSS,
+    MODEL,
+    OPTIMIZER,
+    SCALER,
+    SCHEDULER,
+    LOSS_NAME,
+    is_torch_tensor_call,
+    kind_by_name,
 )
-
-ADAM_FAMILY = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "ASGD", "RMSprop", "Adadelta", "Rprop"}
-NEVER_CAPTURABLE = {"LBFGS", "SparseAdam"}
-FUSED_CAPTURABLE = {"Adagrad", "SGD", "Adam", "AdamW"}  # graph-safe with fused=True
-KNOWN_OPTIMIZERS = ADAM_FAMILY | NEVER_CAPTURABLE | {"SGD", "Adagrad", "Adafactor", "Muon"}
-
-_MODEL_NAME = re.compile(
-    r"^(self\.)?(model|net|network|module|encoder|decoder|generator|discriminator|gen|disc|netG|netD|G|D|"
-    r"policy|critic|actor|value_net|q_net|qnet|target_net|classifier|backbone|head|ae|autoencoder|vae|unet|"
-    r"transformer|gpt|bert|lm|student|teacher|mlp|cnn|rnn|lstm|[a-z_]*_(model|net|encoder|decoder))$",
-    re.IGNORECASE,
-)
-_OPTIMIZER_NAME = re.compile(
-    r"^(self\.)?(opt|optim|optimizer|optimiser)(_[a-z0-9]+|[GD])?$|^(self\.)?[a-z0-9_]*_(opt|optim|optimizer|optimiser)$", re.I
-)
-_SCHEDULER_NAME = re.compile(r"^(self\.)?([a-z_]*sched[a-z_]*|lr_scheduler)$", re.I)
-_SCALER_NAME = re.compile(r"^(self\.)?([a-z_]*scaler)$", re.I)
-_LOADER_NAME = re.compile(r"^(self\.)?([a-z_]*(loader|_dl|dl_[a-z_]*)|dl|dataloader)$", re.I)
-_LOSS_NAME = re.compile(r"^(self\.)?(criterion|loss_fn|loss_func|loss_function|lossfn|[a-z_]*_criterion|[a-z_]*_loss_fn)$", re.I)
-_ENV_NAME = re.compile(r"^(self\.)?(env|envs|environment|[a-z_]*_env|sim|game)$", re.I)
-
-# Tensor methods whose results live on the host.
-HOST_METHODS = {
-    "item", "tolist", "numpy", "size", "dim", "ndimension", "numel", "nelement", "element_size",
-    "data_ptr", "is_contiguous", "get_device", "stride", "storage_offset", "is_floating_point",
-    "is_complex", "__len__", "type", "keys", "items", "values", "state_dict", "parameters",
-    "named_parameters", "buffers", "modules", "children", "train", "eval", "zero_grad",
-    "register_hook", "backward", "add_scalar", "log", "update", "append", "extend", "copy_",
-}
-# Roots of configuration objects (argparse namespaces, configs): their attributes are host values.
-CONFIG_ROOTS = {"args", "opt", "opts", "config", "cfg", "conf", "hparams", "hp", "FLAGS", "flags", "settings", "options"}
-HOST_ATTRIBUTES = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "is_leaf", "layout", "names"}
-
-# torch.* callables that do not return a tensor on the device.
-_TORCH_NON_TENSOR = re.compile(
-    r"^torch\.(cuda|distributed|optim|utils|backends|jit|onnx|compiler|_dynamo|profiler|autograd\.profiler|"
-    r"nn\.(?!functional)|amp|cpu|mps|hub|testing|fx|export|package|multiprocessing|library)(\.|$)"
-    r"|^torch\.(device|dtype|no_grad|enable_grad|inference_mode|set_grad_enabled|is_tensor|is_grad_enabled|"
-    r"manual_seed|seed|initial_seed|get_rng_state|set_rng_state|save|load|compile|autocast|Generator|"
-    r"set_printoptions|set_float32_matmul_precision|use_deterministic_algorithms|set_default_dtype|"
-    r"get_default_dtype|numel|is_floating_point|is_complex|set_num_threads|get_num_threads|"
-    r"float\d*|int\d*|bfloat16|half|long|bool|double|Size|finfo|iinfo)$"
-)
-
-
-def is_torch_tensor_call(qual: str | None) -> bool:
-    return bool(qual) and qual.startswith("torch.") and not _TORCH_NON_TENSOR.match(qual)
 
 
 @dataclass
@@ -124,7 +92,16 @@ class Env:
     def _kind_of_call(self, call: cst.Call, depth: int) -> str | None:
         qual = self.qualify(call.func) or ""
         last = qual.rsplit(".", 1)[-1]
-        if isinstance(call.func, cst.Attribute) and call.func.attr.value in {"to", "cuda", "train", "eval", "float", "half", "bfloat16", "double"}:
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in {
+            "to",
+            "cuda",
+            "train",
+            "eval",
+            "float",
+            "half",
+            "bfloat16",
+            "double",
+        }:
             inner = self.kind_of(call.func.value, depth + 1)
             return inner if inner == MODEL or inner == DDP else None
         if qual in {"torch.compile"} and call.args:
@@ -172,8 +149,10 @@ class Env:
         """True: holds a tensor; False: a host value; None: unknown."""
         if depth > 12:
             return None
-        if isinstance(expr, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString,
-                             cst.FormattedString, cst.Dict, cst.DictComp)):
+        if isinstance(
+            expr,
+            (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Dict, cst.DictComp),
+        ):
             return False
         if isinstance(expr, cst.Name):
             if expr.value in self.tensors:
@@ -189,7 +168,9 @@ class Env:
                 return True
             if name in self.hosts:
                 return False
-            if (name or "").split(".")[0] in CONFIG_ROOTS or (name or "").startswith(("self.config.", "self.args.", "self.cfg.", "self.hparams.")):
+            if (name or "").split(".")[0] in CONFIG_ROOTS or (name or "").startswith(
+                ("self.config.", "self.args.", "self.cfg.", "self.hparams.")
+            ):
                 return False
             if expr.attr.value in {"grad", "data", "T", "mT", "H", "real", "imag", "logits", "loss", "last_hidden_state"}:
                 return True if self._tensor(expr.value, depth + 1) or expr.attr.value in {"grad", "logits"} else None
@@ -228,7 +209,20 @@ class Env:
 
     def _call_tensor(self, call: cst.Call, depth: int) -> bool | None:
         func = call.func
-        if isinstance(func, cst.Name) and func.value in {"float", "int", "bool", "len", "str", "repr", "round", "abs", "range", "enumerate", "isinstance", "math"}:
+        if isinstance(func, cst.Name) and func.value in {
+            "float",
+            "int",
+            "bool",
+            "len",
+            "str",
+            "repr",
+            "round",
+            "abs",
+            "range",
+            "enumerate",
+            "isinstance",
+            "math",
+        }:
             return False if func.value != "abs" else self._tensor(call.args[0].value, depth + 1) if call.args else None
         if isinstance(func, cst.Name) and func.value == "next":
             return True
@@ -260,7 +254,7 @@ class Env:
         kind = self.kind_of(func)
         if kind in (MODEL, DDP, LOSS):
             return True
-        if kind is None and isinstance(func, (cst.Name, cst.Attribute)) and _LOSS_NAME.match(dotted(func) or ""):
+        if kind is None and isinstance(func, (cst.Name, cst.Attribute)) and LOSS_NAME.match(dotted(func) or ""):
             return True
         if isinstance(func, cst.Name) and self.module is not None and func.value in self.module.functions:
             return self._returns_tensor(self.module.functions[func.value], depth + 1)
@@ -329,21 +323,6 @@ def _returns(fn: cst.FunctionDef):
             yield node
         elif not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             stack.extend(children(node))
-
-
-def kind_by_name(name: str) -> str | None:
-    for pattern, kind in (
-        (_SCHEDULER_NAME, SCHEDULER),
-        (_SCALER_NAME, SCALER),
-        (_OPTIMIZER_NAME, OPTIMIZER),
-        (_LOADER_NAME, LOADER),
-        (_LOSS_NAME, LOSS),
-        (_ENV_NAME, ENV),
-        (_MODEL_NAME, MODEL),
-    ):
-        if pattern.match(name):
-            return kind
-    return None
 
 
 def is_module_class(cls: cst.ClassDef, classes: dict[str, cst.ClassDef], depth: int = 0) -> bool:

@@ -40,8 +40,10 @@ def loop_notes(result: RewriteResult, written: bool) -> list[str]:
         where = f"{o.path}:{o.line}: {o.kind} loop" + (f" in {o.function}()" if o.function else "")
         if o.rewritten and o.verdict == Verdict.PARTIAL:
             verb = "graphed" if written else "would graph"
-            notes.append(f"{where}: {verb} the model's forward and backward as `{o.step_name}`; the rest of the step "
-                         f"stays eager ({', '.join(o.reasons)})")
+            notes.append(
+                f"{where}: {verb} the model's forward and backward as `{o.step_name}`; the rest of the step "
+                f"stays eager ({', '.join(o.reasons)})"
+            )
         elif o.rewritten:
             verb = "captured" if written else "would capture"
             notes.append(f"{where}: {verb} as `{o.step_name}` (warmup, capture, replay)")

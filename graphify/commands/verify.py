@@ -15,14 +15,26 @@ import click
 @click.command("verify")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARGS]...")
-@click.option("--steps", type=click.IntRange(min=1), help="Training steps to run each version for (default 50; a loop that may be entered again runs until its second entry, up to 300).")
-@click.option("--rtol", type=click.FloatRange(min=0), help="Relative tolerance on losses and on the state per step's update (default: 0 on the CPU, by precision on CUDA).")
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    help="Training steps to run each version for (default 50; a loop that may be entered again runs until its second entry, up to 300).",
+)
+@click.option(
+    "--rtol",
+    type=click.FloatRange(min=0),
+    help="Relative tolerance on losses and on the state per step's update (default: 0 on the CPU, by precision on CUDA).",
+)
 @click.option("--atol", type=click.FloatRange(min=0), help="Absolute tolerance on losses (default: 0 on the CPU, by precision on CUDA).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema: docs/verify.md).")
-@click.option("--profile/--no-profile", default=True, show_default=True, help="Profile the last 5 steps on CUDA (kernels, launch overhead).")
+@click.option(
+    "--profile/--no-profile", default=True, show_default=True, help="Profile the last 5 steps on CUDA (kernels, launch overhead)."
+)
 @click.option("--timeout", type=click.FloatRange(min=1), help="Seconds each version may run.")
 @click.option("--keep", is_flag=True, help="Keep the instrumented scripts and their output; print where.")
-@click.option("--rewritten", type=click.Path(dir_okay=False), help="Verify this rewrite of SCRIPT (edited by hand, or older) instead of graphify's.")
+@click.option(
+    "--rewritten", type=click.Path(dir_okay=False), help="Verify this rewrite of SCRIPT (edited by hand, or older) instead of graphify's."
+)
 def verify_command(script, script_args, steps, rtol, atol, as_json, profile, timeout, keep, rewritten) -> None:
     """Run SCRIPT and its `graphify rewrite` side by side and check they train the same.
 
@@ -48,8 +60,19 @@ def verify_command(script, script_args, steps, rtol, atol, as_json, profile, tim
     try:
         if progress is not None:
             progress.__enter__()
-        report = verify_file(script, steps, list(script_args), rtol, atol, settings=settings, profile=profile,
-                             timeout=timeout, keep=keep, progress=progress, rewritten=rewritten)
+        report = verify_file(
+            script,
+            steps,
+            list(script_args),
+            rtol,
+            atol,
+            settings=settings,
+            profile=profile,
+            timeout=timeout,
+            keep=keep,
+            progress=progress,
+            rewritten=rewritten,
+        )
     finally:
         if progress is not None:
             progress.__exit__(None, None, None)

@@ -14,7 +14,8 @@ from graphify.analysis.statements import (
     names_written,
     walk,
 )
-from graphify.analysis.values import SCALER, Env
+from graphify.analysis.values import Env
+from graphify.analysis.vocabulary import SCALER
 from graphify.model import Rule
 
 FIXED_IN_PLACE = {"GFY401", "GFY251", "GFY422", "GFY501", "GFY411", "GFY412"}
@@ -70,7 +71,6 @@ def body_of(loop: Loop) -> list[cst.BaseStatement]:
     return list(body.body) if isinstance(body, cst.IndentedBlock) else []
 
 
-
 def rebound_in_loop(loop: Loop) -> set[str]:
     """Names bound anywhere in the outermost loop (of the same function) around the step's loop:
     the step function is defined before it, so each of them may differ from one step to the next."""
@@ -110,7 +110,9 @@ def has_side_effects(stmt: cst.CSTNode) -> bool:
 
 def is_shape_read(call: cst.Call) -> bool:
     m = method_call(call)
-    return (m is not None and m[1] in SHAPE_METHODS) or (isinstance(call.func, cst.Name) and call.func.value in ("len", "int", "float", "min", "max"))
+    return (m is not None and m[1] in SHAPE_METHODS) or (
+        isinstance(call.func, cst.Name) and call.func.value in ("len", "int", "float", "min", "max")
+    )
 
 
 def same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
@@ -165,5 +167,3 @@ def in_loop_scope(plan: Plan, expr: cst.BaseExpression | None, block) -> cst.Bas
             return None
         block = block.parent
     return expr
-
-

@@ -22,15 +22,75 @@ from graphify.rules.rewrite_safety import HOST_SIDE_EFFECT, MUTATED_STATE, ORDER
 # Calls whose effect lives on the host: capture runs them once, replays never.
 _IMPURE_PREFIXES = ("random.", "numpy.random.", "time.", "os.", "sys.", "datetime.", "secrets.", "uuid.", "pickle.", "json.", "shutil.")
 _IMPURE_BUILTINS = {"next", "input", "open", "exec", "eval", "setattr", "delattr", "breakpoint", "iter"}
-_MODE_METHODS = {"train", "eval", "requires_grad_", "register_forward_hook", "register_forward_pre_hook",
-                 "register_full_backward_hook", "register_backward_hook", "apply"}
+_MODE_METHODS = {
+    "train",
+    "eval",
+    "requires_grad_",
+    "register_forward_hook",
+    "register_forward_pre_hook",
+    "register_full_backward_hook",
+    "register_backward_hook",
+    "apply",
+}
 # Calls that only read host values: moving them out of the step does not change what the step computes.
-_PURE_BUILTINS = {"len", "min", "max", "abs", "round", "float", "int", "str", "bool", "format", "repr", "isinstance",
-                  "sum", "range", "enumerate", "zip", "list", "tuple", "dict", "sorted", "print"}
+_PURE_BUILTINS = {
+    "len",
+    "min",
+    "max",
+    "abs",
+    "round",
+    "float",
+    "int",
+    "str",
+    "bool",
+    "format",
+    "repr",
+    "isinstance",
+    "sum",
+    "range",
+    "enumerate",
+    "zip",
+    "list",
+    "tuple",
+    "dict",
+    "sorted",
+    "print",
+}
 # Methods that return a new value and change nothing, whatever their receiver (tensors, arrays).
-_PURE_METHODS = {"astype", "pin_memory", "to", "cuda", "cpu", "float", "half", "bfloat16", "long", "int", "bool", "view",
-                 "reshape", "contiguous", "clone", "detach", "numpy", "tolist", "item", "split", "chunk", "unsqueeze",
-                 "squeeze", "permute", "transpose", "flatten", "copy", "get", "keys", "values", "items", "format"}
+_PURE_METHODS = {
+    "astype",
+    "pin_memory",
+    "to",
+    "cuda",
+    "cpu",
+    "float",
+    "half",
+    "bfloat16",
+    "long",
+    "int",
+    "bool",
+    "view",
+    "reshape",
+    "contiguous",
+    "clone",
+    "detach",
+    "numpy",
+    "tolist",
+    "item",
+    "split",
+    "chunk",
+    "unsqueeze",
+    "squeeze",
+    "permute",
+    "transpose",
+    "flatten",
+    "copy",
+    "get",
+    "keys",
+    "values",
+    "items",
+    "format",
+}
 _COLLECTING = {"append", "extend", "add", "update", "setdefault"}
 
 
@@ -147,8 +207,11 @@ def _in_loop_scope(chain: str | None, site, region) -> str | None:
             arg = dotted(block.env.bound[root][1])
         elif root == "self" and call is not None:
             # `obj.method()` binds self to obj; `model(x)` (a forward) binds it to model
-            arg = dotted(call.func.value) if isinstance(call.func, cst.Attribute) and block.func.node is not None \
-                and block.func.node.name.value != "forward" else dotted(call.func)
+            arg = (
+                dotted(call.func.value)
+                if isinstance(call.func, cst.Attribute) and block.func.node is not None and block.func.node.name.value != "forward"
+                else dotted(call.func)
+            )
         else:
             return None
         chain = f"{arg}.{rest}" if arg and rest else arg
@@ -168,8 +231,7 @@ def check_moved_statement(plan, body, index: int, refuse) -> None:
     inside = {id(n) for n in walk(body[index])}
     here = Site(region.body_block, ())
     nodes = [(n, here) for n in walk(body[index])]
-    nodes += [(n, site) for n, site in region.nodes
-              if site.block is not region.body_block and id(region.body_call_of(site)) in inside]
+    nodes += [(n, site) for n, site in region.nodes if site.block is not region.body_block and id(region.body_call_of(site)) in inside]
     for n, site in nodes:
         why = _moved_effect(n, site.env, later, followed)
         if why:

@@ -45,7 +45,9 @@ def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enc
         if name in per_iteration or (name in written and name in defined_outside):
             if dataflow.is_host_expression(cst.Name(name), env) and not is_shape_value(name, body):
                 if not _only_in_keys(name, plan, body):
-                    raise Refusal(PER_STEP_HOST_VALUE, f"the step reads `{name}`, a host value that changes between steps; capture would freeze it")
+                    raise Refusal(
+                        PER_STEP_HOST_VALUE, f"the step reads `{name}`, a host value that changes between steps; capture would freeze it"
+                    )
                 continue
             inputs.append(name)
     plan.inputs = _in_source_order(inputs, graph_stmts)
@@ -78,7 +80,9 @@ def _names_read_outside(root: cst.CSTNode, excluded: set[int]) -> set[str]:
         n = stack.pop()
         if id(n) in excluded:
             continue
-        if isinstance(n, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and not isinstance(n, (cst.For, cst.While, cst.If, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef)):
+        if isinstance(n, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and not isinstance(
+            n, (cst.For, cst.While, cst.If, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef)
+        ):
             found |= names_read(n)
             continue
         if isinstance(n, (cst.FunctionDef, cst.ClassDef)) and n is not root:
@@ -98,11 +102,22 @@ def _names_read_outside(root: cst.CSTNode, excluded: set[int]) -> set[str]:
 
 def is_shape_value(name: str, body) -> bool:
     """`n = x.size(0)`: fixed while shapes are fixed, so capture may freeze it."""
-    values = [v for s in body for n in walk(s) if isinstance(n, cst.Assign)
-              for t in n.targets if isinstance(t.target, cst.Name) and t.target.value == name for v in [n.value]]
+    values = [
+        v
+        for s in body
+        for n in walk(s)
+        if isinstance(n, cst.Assign)
+        for t in n.targets
+        if isinstance(t.target, cst.Name) and t.target.value == name
+        for v in [n.value]
+    ]
     return bool(values) and all(
-        any((isinstance(n, cst.Attribute) and n.attr.value == "shape") or (isinstance(n, cst.Call) and is_shape_read(n) and method_call(n) is not None)
-            or (isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == "len") for n in walk(v))
+        any(
+            (isinstance(n, cst.Attribute) and n.attr.value == "shape")
+            or (isinstance(n, cst.Call) and is_shape_read(n) and method_call(n) is not None)
+            or (isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == "len")
+            for n in walk(v)
+        )
         for v in values
     )
 
@@ -167,5 +182,3 @@ def _is_host_read_use(parents) -> bool:
             return isinstance(p, cst.FormattedStringExpression)
         return False
     return False
-
-

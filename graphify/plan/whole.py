@@ -24,7 +24,8 @@ from graphify.analysis.statements import (
     walk,
 )
 from graphify.analysis.tree import children
-from graphify.analysis.values import OPTIMIZER, Env
+from graphify.analysis.values import Env
+from graphify.analysis.vocabulary import OPTIMIZER
 from graphify.plan import dataflow
 from graphify.plan.base import (
     EMPTY,
@@ -70,8 +71,12 @@ def make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode) -> Pl
     else:
         anchors = [i for i, s in enumerate(body) if holds(s, is_model_call, model_calls)]
     # a periodic branch before the step (evaluation every N steps) runs eagerly between replays
-    starts = [i for i, s in enumerate(body) if holds(s, is_model_call, model_calls | step_calls)
-              and (i in anchors or loop.kind != "train" or not _is_periodic_branch(s, env, step_calls))]
+    starts = [
+        i
+        for i, s in enumerate(body)
+        if holds(s, is_model_call, model_calls | step_calls)
+        and (i in anchors or loop.kind != "train" or not _is_periodic_branch(s, env, step_calls))
+    ]
     if not anchors or not starts:
         raise Refusal(LOOP_SHAPE, "the step is not in the loop body")
     plan = Plan(loop, loop.kind, first=min(starts[0], anchors[0]), last=anchors[-1])
@@ -92,8 +97,7 @@ def _refuse_closures(plan: Plan, body: list[cst.BaseStatement]) -> None:
     the step's inputs: a replay would run it on the tensors of the capture."""
     for i, stmt in enumerate(body):
         for n in walk(stmt):
-            if isinstance(n, (cst.FunctionDef, cst.ClassDef)) or (
-                    isinstance(n, cst.Lambda) and plan.first <= i <= plan.last):
+            if isinstance(n, (cst.FunctionDef, cst.ClassDef)) or (isinstance(n, cst.Lambda) and plan.first <= i <= plan.last):
                 raise Refusal(LOOP_SHAPE, "a function defined inside the loop reads its names at call time", n)
 
 
@@ -133,7 +137,7 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
             plan.graph.append(i)
             graph_writes |= names_written(plan.hoisted[i][0])
             continue
-        later_reads = set().union(*(names_read(body[j]) for j in span[pos + 1:])) if pos + 1 < len(span) else set()
+        later_reads = set().union(*(names_read(body[j]) for j in span[pos + 1 :])) if pos + 1 < len(span) else set()
         writes = names_written(stmt)
         if does_gpu_work(stmt, env):
             if _is_side_computation(stmt, env) and not writes & later_reads:
@@ -156,8 +160,11 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
             plan.after.append(i)
         else:
             plan.before.append(i)
-    if not any(isinstance(n, cst.Call) and (is_step_op(n, env) or is_model_call(n, env) or id(n) in env.gpu_calls)
-               for i in plan.graph for n in walk(body[i])):
+    if not any(
+        isinstance(n, cst.Call) and (is_step_op(n, env) or is_model_call(n, env) or id(n) in env.gpu_calls)
+        for i in plan.graph
+        for n in walk(body[i])
+    ):
         raise Refusal(LOOP_SHAPE, "nothing left to capture")
     for i in plan.graph:
         for n in walk(body[i]):
@@ -187,13 +194,21 @@ def _pull_in_zero_grad(plan: Plan, body: list[cst.BaseStatement], env: Env) -> N
         stmt = body[i]
         calls = [n for n in walk(stmt) if isinstance(n, cst.Call)]
         zero = [c for c in calls if is_zero_grad(c)]
-        if zero and isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr) \
-                and stmt.body[0].value is zero[0]:
+        if (
+            zero
+            and isinstance(stmt, cst.SimpleStatementLine)
+            and len(stmt.body) == 1
+            and isinstance(stmt.body[0], cst.Expr)
+            and stmt.body[0].value is zero[0]
+        ):
             plan.graph.insert(0, i)
             plan.pulled_in.append(i)
             return
-        if zero or any(is_step_op(c, env) or id(c) in env.gpu_calls for c in calls) or any(
-                isinstance(n, cst.Attribute) and n.attr.value == "grad" for n in walk(stmt)):
+        if (
+            zero
+            or any(is_step_op(c, env) or id(c) in env.gpu_calls for c in calls)
+            or any(isinstance(n, cst.Attribute) and n.attr.value == "grad" for n in walk(stmt))
+        ):
             return
 
 
@@ -236,8 +251,11 @@ def _hoist_host_reads(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env)
 
 def _is_periodic_branch(stmt: cst.BaseStatement, env: Env, step_calls: set[int]) -> bool:
     """`if step % k == 0:` holding evaluation (model calls, no backward or optimizer step)."""
-    return isinstance(stmt, cst.If) and env._tensor(stmt.test, 0) is not True and not any(
-        isinstance(n, cst.Call) and (is_step_op(n, env) or is_backward(n, env) or id(n) in step_calls) for n in walk(stmt))
+    return (
+        isinstance(stmt, cst.If)
+        and env._tensor(stmt.test, 0) is not True
+        and not any(isinstance(n, cst.Call) and (is_step_op(n, env) or is_backward(n, env) or id(n) in step_calls) for n in walk(stmt))
+    )
 
 
 def _is_side_computation(stmt: cst.BaseStatement, env: Env) -> bool:
@@ -283,8 +301,12 @@ def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStat
         if not removable(f):
             # a breaker in a statement that stays outside the step runs eagerly, where it stands; the
             # fixed-in-place rules and dynamic shapes describe the captured step wherever they are reported
-            if f.rule.code not in FIXED_IN_PLACE and f.rule.category != "dynamic-shape" and any(contains(s, anchor) for s in body) \
-                    and not any(contains(s, anchor) for s in captured):
+            if (
+                f.rule.code not in FIXED_IN_PLACE
+                and f.rule.category != "dynamic-shape"
+                and any(contains(s, anchor) for s in body)
+                and not any(contains(s, anchor) for s in captured)
+            ):
                 continue
             raise Refusal(f.rule, f.message, f.node)
         if f.rule.code == "GFY301" and any(contains(body[i], anchor) for i in plan.graph):
@@ -305,5 +327,3 @@ def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStat
         moved = plan.split_ifs.get(index, [])
         if not any(contains(stmt.body.body[k], f.node) for k in moved) if index in plan.split_ifs else True:
             raise Refusal(f.rule, f"{f.message} (would stay inside the captured step)", f.node)
-
-

@@ -14,6 +14,7 @@ from graphify.reporters.common import REPOSITORY_URL, rule_url  # noqa: F401  (r
 
 FORMATS = ("text", "json", "sarif", "github")
 
+
 def render(report: Report, fmt: str, *, color: bool = False, statistics: bool = False) -> str:
     """The whole output of `graphify check` for `fmt` (or its `--statistics` table)."""
     if statistics:

@@ -1,7 +1,7 @@
 """`--statistics`: how many diagnostics of each rule, most frequent first.
 
-    12  GFY001  tensor-item
-     3  GFY511  print-in-step
+12  GFY001  tensor-item
+ 3  GFY511  print-in-step
 """
 
 from __future__ import annotations

@@ -44,8 +44,12 @@ def _runtime_imports(tree: cst.Module) -> dict[str, str]:
     found = {}
     for stmt in tree.body:
         for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
-            if isinstance(small, cst.ImportFrom) and small.module is not None and not isinstance(small.names, cst.ImportStar) \
-                    and cst.Module([]).code_for_node(small.module) == RUNTIME_MODULE:
+            if (
+                isinstance(small, cst.ImportFrom)
+                and small.module is not None
+                and not isinstance(small.names, cst.ImportStar)
+                and cst.Module([]).code_for_node(small.module) == RUNTIME_MODULE
+            ):
                 for alias in small.names:
                     local = alias.asname.name.value if alias.asname else alias.name.value
                     found[cst.Module([]).code_for_node(alias.name)] = local
@@ -109,4 +113,4 @@ def _same_function(ancestor: cst.CSTNode, loop) -> bool:
     """Whether `ancestor` is in the same function as the loop (no def between them)."""
     chain = loop.ancestors
     i = next(k for k, a in enumerate(chain) if a is ancestor)
-    return not any(isinstance(a, (cst.FunctionDef, cst.ClassDef)) for a in chain[i + 1:])
+    return not any(isinstance(a, (cst.FunctionDef, cst.ClassDef)) for a in chain[i + 1 :])

@@ -29,14 +29,17 @@ def _comment(text: str) -> cst.EmptyLine:
 def _with_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
     for arg in call.args:
         if arg.keyword is not None and arg.keyword.value == name:
-            return call.with_changes(args=[
-                a.with_changes(value=cst.parse_expression(value)) if a is arg else a for a in call.args
-            ])
+            return call.with_changes(args=[a.with_changes(value=cst.parse_expression(value)) if a is arg else a for a in call.args])
     args = list(call.args)
     if args and args[-1].comma is cst.MaybeSentinel.DEFAULT:
         args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    args.append(cst.Arg(keyword=cst.Name(name), value=cst.parse_expression(value), equal=cst.AssignEqual(
-        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))))
+    args.append(
+        cst.Arg(
+            keyword=cst.Name(name),
+            value=cst.parse_expression(value),
+            equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+        )
+    )
     return call.with_changes(args=args)
 
 
@@ -59,10 +62,14 @@ class Rewriter(cst.CSTTransformer):
     def _graph_module(self, e: Emission, class_name: str) -> None:
         plan = e.plan
         self.renames[id(plan.model_call)] = e.step_name
-        made = cst.parse_statement(f"{e.step_name} = {class_name}({plan.model})").with_changes(leading_lines=[
-            cst.EmptyLine(indent=False),
-            _comment(f"the whole step cannot be captured ({', '.join(plan.reasons)}): {plan.model}'s forward and backward replay from CUDA graphs"),
-        ])
+        made = cst.parse_statement(f"{e.step_name} = {class_name}({plan.model})").with_changes(
+            leading_lines=[
+                cst.EmptyLine(indent=False),
+                _comment(
+                    f"the whole step cannot be captured ({', '.join(plan.reasons)}): {plan.model}'s forward and backward replay from CUDA graphs"
+                ),
+            ]
+        )
         self.defs.setdefault(id(e.anchor), []).append(made)
 
     # ---- calls edited in place ---------------------------------------------------------------
@@ -95,7 +102,10 @@ class Rewriter(cst.CSTTransformer):
         step_def = cst.parse_statement(f"def {emission.step_name}({params}):\n    pass\n")
         step_def = step_def.with_changes(
             body=step_def.body.with_changes(body=graph_body),
-            leading_lines=[cst.EmptyLine(indent=False), _comment(f"one {'training' if plan.kind == 'train' else 'inference'} step of the loop below, replayed from a CUDA graph")],
+            leading_lines=[
+                cst.EmptyLine(indent=False),
+                _comment(f"one {'training' if plan.kind == 'train' else 'inference'} step of the loop below, replayed from a CUDA graph"),
+            ],
         )
         device = f", device={_EMPTY.code_for_node(plan.device)}" if plan.device is not None else ""
         wrap = cst.parse_statement(f"{emission.step_name} = {self.helper_name}({emission.step_name}{device})")
@@ -108,10 +118,14 @@ class Rewriter(cst.CSTTransformer):
         call = f"{emission.step_name}({params}{key})"
         if plan.outputs:
             call = f"{', '.join(plan.outputs)} = {call}"
-        call_stmt = cst.parse_statement(call).with_changes(leading_lines=[_comment("replay the captured step (warmup and capture on first calls)")])
+        call_stmt = cst.parse_statement(call).with_changes(
+            leading_lines=[_comment("replay the captured step (warmup and capture on first calls)")]
+        )
         clones = [cst.parse_statement(f"{n} = {emission.step_name}.copy({n})") for n in plan.clones]
         if clones:
-            clones[0] = clones[0].with_changes(leading_lines=[_comment("copy outputs kept beyond this step: the next replay overwrites them")])
+            clones[0] = clones[0].with_changes(
+                leading_lines=[_comment("copy outputs kept beyond this step: the next replay overwrites them")]
+            )
 
         after = sorted(plan.after + plan.tail + list(plan.split_ifs) + list(plan.hoisted))
         moved_after = []
@@ -129,7 +143,7 @@ class Rewriter(cst.CSTTransformer):
             + [call_stmt]
             + clones
             + moved_after
-            + stmts[plan.last + 1:]
+            + stmts[plan.last + 1 :]
         )
         return updated.with_changes(body=updated.body.with_changes(body=body))
 

@@ -1,19 +1,35 @@
 """amp-grad-scaler: mixed precision pieces that sync or cache."""
+
 import libcst as cst
 
 from graphify.analysis.checker import code_of, kwarg
 from graphify.analysis.calls import is_delegated_step, method_call
 from graphify.analysis.names import dotted
-from graphify.analysis.values import SCALER
+from graphify.analysis.vocabulary import SCALER
 from graphify.rules.registry import rule
 
-SCALER_STEP = rule("GFY421", "grad-scaler-step", "amp-grad-scaler", "error", "`GradScaler.step` reads `found_inf` on the host; `update` must run where `step` runs", True)
-AUTOCAST_CACHE = rule("GFY422", "autocast-cache", "amp-grad-scaler", "warning", "`autocast` inside a captured step needs `cache_enabled=False`", True)
+SCALER_STEP = rule(
+    "GFY421",
+    "grad-scaler-step",
+    "amp-grad-scaler",
+    "error",
+    "`GradScaler.step` reads `found_inf` on the host; `update` must run where `step` runs",
+    True,
+)
+AUTOCAST_CACHE = rule(
+    "GFY422", "autocast-cache", "amp-grad-scaler", "warning", "`autocast` inside a captured step needs `cache_enabled=False`", True
+)
 
-SCALER_HELPER = rule("GFY423", "loss-scaler-helper", "amp-grad-scaler", "error", "a loss-scaler object called with the loss and the optimizer runs backward and `GradScaler.step` out of sight", False)
+SCALER_HELPER = rule(
+    "GFY423",
+    "loss-scaler-helper",
+    "amp-grad-scaler",
+    "error",
+    "a loss-scaler object called with the loss and the optimizer runs backward and `GradScaler.step` out of sight",
+    False,
+)
 
 RULES = (SCALER_STEP, AUTOCAST_CACHE, SCALER_HELPER)
-
 
 
 def _autocast_call(expr, env, depth=0):
@@ -36,16 +52,30 @@ def check(ck):
         env = site.env
         m = method_call(node)
         if m is not None and m[1] in ("step", "update") and env.kind_of(m[0]) == SCALER:
-            yield ck.finding(SCALER_STEP, node, site, f"`{code_of(node)}` reads `found_inf` on the host",
-                             "capture forward and scaled backward; run `scaler.step`/`scaler.update` eagerly after the replay")
+            yield ck.finding(
+                SCALER_STEP,
+                node,
+                site,
+                f"`{code_of(node)}` reads `found_inf` on the host",
+                "capture forward and scaled backward; run `scaler.step`/`scaler.update` eagerly after the replay",
+            )
         elif isinstance(node, cst.Call) and is_delegated_step(node, env) and env.kind_of(node.func) == SCALER:
-            yield ck.finding(SCALER_HELPER, node, site,
-                             f"`{code_of(node.func)}(...)` runs backward, `GradScaler.step` and `update` inside itself",
-                             "call `scaler.scale(loss).backward()`, `scaler.step(optimizer)` and `scaler.update()` in the loop")
+            yield ck.finding(
+                SCALER_HELPER,
+                node,
+                site,
+                f"`{code_of(node.func)}(...)` runs backward, `GradScaler.step` and `update` inside itself",
+                "call `scaler.scale(loss).backward()`, `scaler.step(optimizer)` and `scaler.update()` in the loop",
+            )
         elif isinstance(node, cst.WithItem):
             call = _autocast_call(node.item, env)
             if call is not None:
                 cache = kwarg(call, "cache_enabled")
                 if not (isinstance(cache, cst.Name) and cache.value == "False"):
-                    yield ck.finding(AUTOCAST_CACHE, node, site, f"`{code_of(node.item)}` caches casts across the captured region",
-                                     "pass `cache_enabled=False` to autocast inside a captured step")
+                    yield ck.finding(
+                        AUTOCAST_CACHE,
+                        node,
+                        site,
+                        f"`{code_of(node.item)}` caches casts across the captured region",
+                        "pass `cache_enabled=False` to autocast inside a captured step",
+                    )

@@ -1,21 +1,49 @@
 """cross-device: host-to-device copies of per-step data."""
+
 import libcst as cst
 
 from graphify.analysis.checker import code_of, is_cpu_arg, is_device_arg, kwarg
 from graphify.analysis.calls import method_call
 from graphify.analysis.names import dotted
 from graphify.analysis.scope import collect_scope
-from graphify.analysis.values import DDP, LOSS, MODEL
+from graphify.analysis.vocabulary import DDP, LOSS, MODEL
 from graphify.rules.registry import rule
 
-STEP_INPUT_COPY = rule("GFY301", "per-step-device-copy", "cross-device", "error", "`.to(device)`/`.cuda()` of per-step data reads a host address that replay never refreshes", True)
-HOST_TENSOR_COPY = rule("GFY302", "host-tensor-moved-in-step", "cross-device", "error", "a tensor created on the host inside the step is copied to the device", False)
+STEP_INPUT_COPY = rule(
+    "GFY301",
+    "per-step-device-copy",
+    "cross-device",
+    "error",
+    "`.to(device)`/`.cuda()` of per-step data reads a host address that replay never refreshes",
+    True,
+)
+HOST_TENSOR_COPY = rule(
+    "GFY302",
+    "host-tensor-moved-in-step",
+    "cross-device",
+    "error",
+    "a tensor created on the host inside the step is copied to the device",
+    False,
+)
 
 RULES = (STEP_INPUT_COPY, HOST_TENSOR_COPY)
 
 
-_HOST_FACTORIES = {"zeros", "ones", "full", "empty", "arange", "linspace", "randn", "rand", "randint", "randperm",
-                   "eye", "zeros_like", "ones_like"}
+_HOST_FACTORIES = {
+    "zeros",
+    "ones",
+    "full",
+    "empty",
+    "arange",
+    "linspace",
+    "randn",
+    "rand",
+    "randint",
+    "randperm",
+    "eye",
+    "zeros_like",
+    "ones_like",
+}
 
 
 def _host_factory(expr, env, step_values, depth=0):
@@ -73,8 +101,18 @@ def check(ck):
         receiver = call.func.value
         values = step_values if site.block is ck.region.body_block else site.block.env.scope.values
         if _host_factory(receiver, env, values):
-            yield ck.finding(HOST_TENSOR_COPY, call, site, f"`{code_of(call)}` creates a tensor on the host and copies it every step",
-                             "create it directly on the device (`device=`), or once before the loop")
+            yield ck.finding(
+                HOST_TENSOR_COPY,
+                call,
+                site,
+                f"`{code_of(call)}` creates a tensor on the host and copies it every step",
+                "create it directly on the device (`device=`), or once before the loop",
+            )
         else:
-            yield ck.finding(STEP_INPUT_COPY, call, site, f"`{code_of(call)}` copies per-step data to the device",
-                             "copy each batch into a static device buffer with `static.copy_(batch, non_blocking=True)` before the replay")
+            yield ck.finding(
+                STEP_INPUT_COPY,
+                call,
+                site,
+                f"`{code_of(call)}` copies per-step data to the device",
+                "copy each batch into a static device buffer with `static.copy_(batch, non_blocking=True)` before the replay",
+            )

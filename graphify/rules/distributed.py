@@ -1,21 +1,48 @@
 """distributed: collectives and DDP machinery in the step."""
+
 import libcst as cst
 
 from graphify.analysis.checker import code_of
 from graphify.analysis.calls import method_call
-from graphify.analysis.values import DDP
+from graphify.analysis.vocabulary import DDP
 from graphify.rules.registry import rule
 
-COLLECTIVE = rule("GFY611", "collective-in-step", "distributed", "error", "`torch.distributed` collectives and barriers need NCCL capture setup", False)
+COLLECTIVE = rule(
+    "GFY611", "collective-in-step", "distributed", "error", "`torch.distributed` collectives and barriers need NCCL capture setup", False
+)
 NO_SYNC = rule("GFY612", "ddp-no-sync", "distributed", "error", "DDP `no_sync()` switches gradient sync per step on the host", False)
-DDP_MODEL = rule("GFY613", "ddp-model-in-step", "distributed", "error", "a DistributedDataParallel model needs side-stream construction and 11 warmup steps", True)
+DDP_MODEL = rule(
+    "GFY613",
+    "ddp-model-in-step",
+    "distributed",
+    "error",
+    "a DistributedDataParallel model needs side-stream construction and 11 warmup steps",
+    True,
+)
 
 RULES = (COLLECTIVE, NO_SYNC, DDP_MODEL)
 
 
-_COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
-                "reduce_scatter_tensor", "barrier", "gather", "scatter", "all_to_all", "all_to_all_single",
-                "send", "recv", "isend", "irecv", "all_gather_object", "broadcast_object_list"}
+_COLLECTIVES = {
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "broadcast",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "barrier",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all_single",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "all_gather_object",
+    "broadcast_object_list",
+}
 
 
 def check(ck):
@@ -25,17 +52,34 @@ def check(ck):
         if isinstance(node, cst.Call):
             qual = env.qualify(node.func) or ""
             if qual.startswith("torch.distributed.") and qual.rsplit(".", 1)[-1] in _COLLECTIVES:
-                yield ck.finding(COLLECTIVE, node, site, f"`{code_of(node)}` in the step",
-                                 "capture needs NCCL >= 2.9.6 with async error handling off; or reduce outside the step")
-            elif env.kind_of(node.func) == DDP or (isinstance(node.func, cst.Attribute) and node.func.attr.value == "forward" and env.kind_of(node.func.value) == DDP):
+                yield ck.finding(
+                    COLLECTIVE,
+                    node,
+                    site,
+                    f"`{code_of(node)}` in the step",
+                    "capture needs NCCL >= 2.9.6 with async error handling off; or reduce outside the step",
+                )
+            elif env.kind_of(node.func) == DDP or (
+                isinstance(node.func, cst.Attribute) and node.func.attr.value == "forward" and env.kind_of(node.func.value) == DDP
+            ):
                 built = ck.construction(node.func, env)
                 target = built if built is not None else (node, env.module)
                 if id(target[0]) not in seen:
                     seen.add(id(target[0]))
-                    yield ck.finding_at(DDP_MODEL, target[0], target[1], f"`{code_of(target[0])}` runs DDP hooks in the step",
-                                        "build DDP on a side stream, turn NCCL async error handling off and warm up 11 steps before capture")
+                    yield ck.finding_at(
+                        DDP_MODEL,
+                        target[0],
+                        target[1],
+                        f"`{code_of(target[0])}` runs DDP hooks in the step",
+                        "build DDP on a side stream, turn NCCL async error handling off and warm up 11 steps before capture",
+                    )
         elif isinstance(node, cst.WithItem):
             items = [node.item.body, node.item.orelse] if isinstance(node.item, cst.IfExp) else [node.item]
             if any((m := method_call(i)) is not None and m[1] == "no_sync" for i in items):
-                yield ck.finding(NO_SYNC, node, site, f"`{code_of(node.item)}` toggles gradient sync per step",
-                                 "capture one graph per accumulation cycle by hand, or accumulate without no_sync")
+                yield ck.finding(
+                    NO_SYNC,
+                    node,
+                    site,
+                    f"`{code_of(node.item)}` toggles gradient sync per step",
+                    "capture one graph per accumulation cycle by hand, or accumulate without no_sync",
+                )

@@ -1,18 +1,27 @@
 """host-branch: step-counter branches that change the GPU work of a step."""
+
 import libcst as cst
 
 from graphify.analysis.checker import code_of
 from graphify.analysis.names import dotted
 from graphify.analysis.calls import is_optimizer_step, is_periodic_gpu_branch, iter_nodes, method_call
 from graphify.analysis.statements import does_gpu_work
-from graphify.analysis.values import MODEL, OPTIMIZER, SCALER
+from graphify.analysis.vocabulary import MODEL, OPTIMIZER, SCALER
 from graphify.rules.registry import rule
 
-ACCUMULATION = rule("GFY501", "gradient-accumulation-branch", "host-branch", "error", "an optimizer step or `zero_grad` under a step-counter condition (gradient accumulation)", True)
-PERIODIC_WORK = rule("GFY502", "periodic-gpu-work", "host-branch", "warning", "evaluation or other GPU work under a step-counter condition", True)
+ACCUMULATION = rule(
+    "GFY501",
+    "gradient-accumulation-branch",
+    "host-branch",
+    "error",
+    "an optimizer step or `zero_grad` under a step-counter condition (gradient accumulation)",
+    True,
+)
+PERIODIC_WORK = rule(
+    "GFY502", "periodic-gpu-work", "host-branch", "warning", "evaluation or other GPU work under a step-counter condition", True
+)
 
 RULES = (ACCUMULATION, PERIODIC_WORK)
-
 
 
 def _steps_optimizer(body, env) -> bool:
@@ -62,9 +71,19 @@ def check(ck):
         if not isinstance(node, cst.If) or site.env._tensor(node.test, 0) is True:
             continue
         if _steps_optimizer(node.body, site.env) and not _run_constant(node.test, ck):
-            yield ck.finding(ACCUMULATION, node, site, f"optimizer step under host condition `{code_of(node.test)}`",
-                             "capture one graph per accumulation cycle (graphify rewrite does this for `step % k` conditions)",
-                             _is_counter_modulo(node.test))
+            yield ck.finding(
+                ACCUMULATION,
+                node,
+                site,
+                f"optimizer step under host condition `{code_of(node.test)}`",
+                "capture one graph per accumulation cycle (graphify rewrite does this for `step % k` conditions)",
+                _is_counter_modulo(node.test),
+            )
         elif is_periodic_gpu_branch(node, site.env) or (_reads_counter(node.test, ck) and does_gpu_work(node.body, site.env)):
-            yield ck.finding(PERIODIC_WORK, node, site, f"GPU work under host condition `{code_of(node.test)}`",
-                             "run this block eagerly between replays (graphify rewrite keeps it outside the graph)")
+            yield ck.finding(
+                PERIODIC_WORK,
+                node,
+                site,
+                f"GPU work under host condition `{code_of(node.test)}`",
+                "run this block eagerly between replays (graphify rewrite keeps it outside the graph)",
+            )

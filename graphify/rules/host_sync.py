@@ -1,4 +1,5 @@
 """host-sync: operations that make the CPU wait for the GPU."""
+
 import libcst as cst
 
 from graphify.analysis.checker import (
@@ -9,21 +10,57 @@ from graphify.analysis.checker import (
     kwarg,
 )
 from graphify.analysis.calls import method_call
-from graphify.analysis.values import DDP, LOSS, MODEL
+from graphify.analysis.vocabulary import DDP, LOSS, MODEL
 from graphify.rules.registry import rule
 
 ITEM = rule("GFY001", "tensor-item", "host-sync", "error", "`.item()` on a tensor copies it to the host and waits for the GPU", True)
 TOLIST = rule("GFY002", "tensor-tolist", "host-sync", "error", "`.tolist()` on a tensor copies it to the host and waits for the GPU", True)
-TO_CPU = rule("GFY003", "tensor-to-cpu", "host-sync", "error", "`.cpu()` / `.to('cpu')` copies a tensor to the host and waits for the GPU", True)
+TO_CPU = rule(
+    "GFY003", "tensor-to-cpu", "host-sync", "error", "`.cpu()` / `.to('cpu')` copies a tensor to the host and waits for the GPU", True
+)
 NUMPY = rule("GFY004", "tensor-numpy", "host-sync", "error", "`.numpy()` needs the tensor on the host", True)
-SCALAR = rule("GFY005", "tensor-to-python-scalar", "host-sync", "error", "`float()`, `int()`, `bool()` of a tensor read its value on the host", True)
-FORMAT = rule("GFY006", "tensor-formatted", "host-sync", "error", "a tensor printed, logged or formatted into a string is read on the host", True)
-SYNCHRONIZE = rule("GFY007", "cuda-synchronize", "host-sync", "error", "`torch.cuda.synchronize()` and stream/event synchronization are illegal during capture", True)
+SCALAR = rule(
+    "GFY005", "tensor-to-python-scalar", "host-sync", "error", "`float()`, `int()`, `bool()` of a tensor read its value on the host", True
+)
+FORMAT = rule(
+    "GFY006", "tensor-formatted", "host-sync", "error", "a tensor printed, logged or formatted into a string is read on the host", True
+)
+SYNCHRONIZE = rule(
+    "GFY007",
+    "cuda-synchronize",
+    "host-sync",
+    "error",
+    "`torch.cuda.synchronize()` and stream/event synchronization are illegal during capture",
+    True,
+)
 # Sized from data: a dynamic shape first (the sync follows from it), so their category is dynamic-shape.
-DYNAMIC_OUTPUT = rule("GFY008", "data-dependent-output-size", "dynamic-shape", "error", "`nonzero`, `unique`, `masked_select`, one-argument `where` size their output from data", False)
-MASK_INDEX = rule("GFY009", "boolean-mask-indexing", "dynamic-shape", "error", "indexing with a boolean mask gives a data-dependent shape", False)
-CLIP_NONFINITE = rule("GFY010", "clip-error-if-nonfinite", "host-sync", "error", "`clip_grad_norm_(..., error_if_nonfinite=True)` checks the norm on the host", False)
-EMPTY_CACHE = rule("GFY011", "empty-cache-in-step", "host-sync", "error", "`torch.cuda.empty_cache()` in the step: costly, and on some PyTorch versions it breaks capture", True)
+DYNAMIC_OUTPUT = rule(
+    "GFY008",
+    "data-dependent-output-size",
+    "dynamic-shape",
+    "error",
+    "`nonzero`, `unique`, `masked_select`, one-argument `where` size their output from data",
+    False,
+)
+MASK_INDEX = rule(
+    "GFY009", "boolean-mask-indexing", "dynamic-shape", "error", "indexing with a boolean mask gives a data-dependent shape", False
+)
+CLIP_NONFINITE = rule(
+    "GFY010",
+    "clip-error-if-nonfinite",
+    "host-sync",
+    "error",
+    "`clip_grad_norm_(..., error_if_nonfinite=True)` checks the norm on the host",
+    False,
+)
+EMPTY_CACHE = rule(
+    "GFY011",
+    "empty-cache-in-step",
+    "host-sync",
+    "error",
+    "`torch.cuda.empty_cache()` in the step: costly, and on some PyTorch versions it breaks capture",
+    True,
+)
 
 RULES = (ITEM, TOLIST, TO_CPU, NUMPY, SCALAR, FORMAT, SYNCHRONIZE, DYNAMIC_OUTPUT, MASK_INDEX, CLIP_NONFINITE, EMPTY_CACHE)
 
@@ -60,14 +97,24 @@ def check(ck):
             yield from _check_call(ck, node, site, env)
         elif isinstance(node, cst.FormattedStringExpression) and env.is_tensor(node.expression):
             if not any(isinstance(a, cst.Call) and is_logging_call(a, env) for a in site.ancestors):
-                yield ck.finding(FORMAT, node, site, f"tensor `{code_of(node.expression)}` formatted into a string",
-                                 f"format `{code_of(node.expression)}.item()` outside the step, or log the tensor after the replay",
-                                 ck.host_read_removable(node, site))
+                yield ck.finding(
+                    FORMAT,
+                    node,
+                    site,
+                    f"tensor `{code_of(node.expression)}` formatted into a string",
+                    f"format `{code_of(node.expression)}.item()` outside the step, or log the tensor after the replay",
+                    ck.host_read_removable(node, site),
+                )
         elif isinstance(node, cst.Subscript) and env.is_tensor(node.value) and not _assigned_a_scalar(site):
             for el in node.slice:
                 if isinstance(el.slice, cst.Index) and _is_boolean_mask(el.slice.value, env):
-                    yield ck.finding(MASK_INDEX, node, site, f"boolean-mask indexing `{code_of(node)}`",
-                                     "use `torch.where(mask, x, 0)` or `masked_fill` to keep shapes fixed")
+                    yield ck.finding(
+                        MASK_INDEX,
+                        node,
+                        site,
+                        f"boolean-mask indexing `{code_of(node)}`",
+                        "use `torch.where(mask, x, 0)` or `masked_fill` to keep shapes fixed",
+                    )
 
 
 def _check_call(ck, call, site, env):
@@ -81,36 +128,82 @@ def _check_call(ck, call, site, env):
             yield ck.finding(ITEM, call, site, f"`{subject}.item()` waits for the GPU", _READ_AFTER, ck.host_read_removable(call, site))
         elif name == "tolist" and env.is_tensor(receiver):
             yield ck.finding(TOLIST, call, site, f"`{subject}.tolist()` waits for the GPU", _READ_AFTER, ck.host_read_removable(call, site))
-        elif (name == "cpu" or (name == "to" and call.args and is_cpu_arg(call.args[0].value, env))) and kind not in (MODEL, DDP, LOSS) and not env.is_host(receiver):
+        elif (
+            (name == "cpu" or (name == "to" and call.args and is_cpu_arg(call.args[0].value, env)))
+            and kind not in (MODEL, DDP, LOSS)
+            and not env.is_host(receiver)
+        ):
             yield ck.finding(TO_CPU, call, site, f"`{code_of(call)}` copies to the host", _READ_AFTER, ck.host_read_removable(call, site))
         elif name == "numpy" and not env.is_host(receiver) and kind is None:
-            yield ck.finding(NUMPY, call, site, f"`{subject}.numpy()` needs the tensor on the host", _READ_AFTER, ck.host_read_removable(call, site))
+            yield ck.finding(
+                NUMPY, call, site, f"`{subject}.numpy()` needs the tensor on the host", _READ_AFTER, ck.host_read_removable(call, site)
+            )
         elif name == "synchronize" and not qual.startswith("torch.distributed"):
-            yield ck.finding(SYNCHRONIZE, call, site, f"`{code_of(call)}` blocks the host", "remove it from the step; time with CUDA events outside the replayed region",
-                             ck.host_read_removable(call, site))
+            yield ck.finding(
+                SYNCHRONIZE,
+                call,
+                site,
+                f"`{code_of(call)}` blocks the host",
+                "remove it from the step; time with CUDA events outside the replayed region",
+                ck.host_read_removable(call, site),
+            )
         elif name in _DYNAMIC and env.is_tensor(receiver):
-            yield ck.finding(DYNAMIC_OUTPUT, call, site, f"`{code_of(call)}` has a data-dependent output size",
-                             "use fixed-size alternatives (`torch.where(mask, x, 0)`, masks multiplied in) or move this out of the step")
+            yield ck.finding(
+                DYNAMIC_OUTPUT,
+                call,
+                site,
+                f"`{code_of(call)}` has a data-dependent output size",
+                "use fixed-size alternatives (`torch.where(mask, x, 0)`, masks multiplied in) or move this out of the step",
+            )
     last = qual.rsplit(".", 1)[-1]
     if qual.startswith("torch.") and (last in _DYNAMIC or (last == "where" and len(call.args) == 1)):
-        yield ck.finding(DYNAMIC_OUTPUT, call, site, f"`{code_of(call)}` has a data-dependent output size",
-                         "use fixed-size alternatives (three-argument `torch.where`, masking) or move this out of the step")
+        yield ck.finding(
+            DYNAMIC_OUTPUT,
+            call,
+            site,
+            f"`{code_of(call)}` has a data-dependent output size",
+            "use fixed-size alternatives (three-argument `torch.where`, masking) or move this out of the step",
+        )
     elif last in ("clip_grad_norm_", "clip_grad_norm") and is_true(kwarg(call, "error_if_nonfinite")):
-        yield ck.finding(CLIP_NONFINITE, call, site, f"`{code_of(call)}` checks the norm on the host",
-                         "drop `error_if_nonfinite=True`; check the returned norm after the step instead")
+        yield ck.finding(
+            CLIP_NONFINITE,
+            call,
+            site,
+            f"`{code_of(call)}` checks the norm on the host",
+            "drop `error_if_nonfinite=True`; check the returned norm after the step instead",
+        )
     elif qual == "torch.cuda.empty_cache":
-        yield ck.finding(EMPTY_CACHE, call, site, "`torch.cuda.empty_cache()` inside the step", "call it outside the training step, if at all",
-                         ck.host_read_removable(call, site))
-    elif isinstance(call.func, cst.Name) and call.func.value in ("float", "int", "bool", "complex") and call.args and env.is_tensor(call.args[0].value):
-        yield ck.finding(SCALAR, call, site, f"`{code_of(call)}` reads a tensor on the host", _READ_AFTER, ck.host_read_removable(call, site))
+        yield ck.finding(
+            EMPTY_CACHE,
+            call,
+            site,
+            "`torch.cuda.empty_cache()` inside the step",
+            "call it outside the training step, if at all",
+            ck.host_read_removable(call, site),
+        )
+    elif (
+        isinstance(call.func, cst.Name)
+        and call.func.value in ("float", "int", "bool", "complex")
+        and call.args
+        and env.is_tensor(call.args[0].value)
+    ):
+        yield ck.finding(
+            SCALAR, call, site, f"`{code_of(call)}` reads a tensor on the host", _READ_AFTER, ck.host_read_removable(call, site)
+        )
     elif is_logging_call(call, env) or (isinstance(call.func, cst.Name) and call.func.value in ("str", "repr")):
         tensors = [a.value for a in call.args if env.is_tensor(a.value)]
         tensors += [fs.expression for a in call.args for fs in _fstring_parts(a.value) if env.is_tensor(fs.expression)]
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == "format" and env.is_tensor(call.func.value):
             tensors.append(call.func.value)
         if tensors:
-            yield ck.finding(FORMAT, call, site, f"tensor `{code_of(tensors[0])}` printed or logged from the step",
-                             f"log `{code_of(tensors[0])}.item()` after the step instead", ck.host_read_removable(call, site))
+            yield ck.finding(
+                FORMAT,
+                call,
+                site,
+                f"tensor `{code_of(tensors[0])}` printed or logged from the step",
+                f"log `{code_of(tensors[0])}.item()` after the step instead",
+                ck.host_read_removable(call, site),
+            )
     elif isinstance(call.func, cst.Attribute) and call.func.attr.value == "format" and any(env.is_tensor(a.value) for a in call.args):
         yield ck.finding(FORMAT, call, site, "tensor formatted into a string", _READ_AFTER, ck.host_read_removable(call, site))
 

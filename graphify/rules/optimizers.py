@@ -1,18 +1,41 @@
 """non-capturable-optimizer and lr-scheduler: optimizer state and learning rates that capture freezes."""
+
 import libcst as cst
 
 from graphify.analysis.checker import code_of, is_true, kwarg
 from graphify.analysis.calls import method_call
-from graphify.analysis.values import ADAM_FAMILY, NEVER_CAPTURABLE, SCHEDULER
+from graphify.analysis.vocabulary import ADAM_FAMILY, NEVER_CAPTURABLE, SCHEDULER
 from graphify.rules.registry import rule
 
-NOT_CAPTURABLE = rule("GFY401", "optimizer-not-capturable", "non-capturable-optimizer", "error", "Adam, AdamW, RMSprop and other optimizers with a `capturable` flag, built without `capturable=True`", True)
-NEVER_CAPTURABLE_RULE = rule("GFY402", "optimizer-without-capture-support", "non-capturable-optimizer", "error", "LBFGS, SparseAdam and optimizers with host-side logic cannot be captured", False)
-SCHEDULER_STEP = rule("GFY411", "lr-scheduler-step", "lr-scheduler", "error", "`scheduler.step()` changes a float learning rate that capture froze", True)
-LR_ASSIGNMENT = rule("GFY412", "lr-assignment", "lr-scheduler", "error", "assigning `param_group['lr']` changes a float learning rate that capture froze", True)
+NOT_CAPTURABLE = rule(
+    "GFY401",
+    "optimizer-not-capturable",
+    "non-capturable-optimizer",
+    "error",
+    "Adam, AdamW, RMSprop and other optimizers with a `capturable` flag, built without `capturable=True`",
+    True,
+)
+NEVER_CAPTURABLE_RULE = rule(
+    "GFY402",
+    "optimizer-without-capture-support",
+    "non-capturable-optimizer",
+    "error",
+    "LBFGS, SparseAdam and optimizers with host-side logic cannot be captured",
+    False,
+)
+SCHEDULER_STEP = rule(
+    "GFY411", "lr-scheduler-step", "lr-scheduler", "error", "`scheduler.step()` changes a float learning rate that capture froze", True
+)
+LR_ASSIGNMENT = rule(
+    "GFY412",
+    "lr-assignment",
+    "lr-scheduler",
+    "error",
+    "assigning `param_group['lr']` changes a float learning rate that capture froze",
+    True,
+)
 
 RULES = (NOT_CAPTURABLE, NEVER_CAPTURABLE_RULE, SCHEDULER_STEP, LR_ASSIGNMENT)
-
 
 
 def check(ck):
@@ -28,10 +51,19 @@ def check(ck):
         fused = is_true(kwarg(call, "fused"))
         capturable = kwarg(call, "capturable")  # any expression but a literal False: the user decides
         if name in ADAM_FAMILY and (capturable is None or _is_false(capturable)):
-            yield ck.finding_at(NOT_CAPTURABLE, call, module, f"`{name}` built without `capturable=True`",
-                                f"pass `capturable=True` to `{name}` (graphify rewrite sets it on the param groups before warmup)")
+            yield ck.finding_at(
+                NOT_CAPTURABLE,
+                call,
+                module,
+                f"`{name}` built without `capturable=True`",
+                f"pass `capturable=True` to `{name}` (graphify rewrite sets it on the param groups before warmup)",
+            )
         elif name in NEVER_CAPTURABLE or (name == "Adagrad" and not fused):
-            hint = "pass `fused=True` (graph-safe on CUDA)" if name == "Adagrad" else "use an optimizer that supports capture (Adam/AdamW with `capturable=True`, SGD)"
+            hint = (
+                "pass `fused=True` (graph-safe on CUDA)"
+                if name == "Adagrad"
+                else "use an optimizer that supports capture (Adam/AdamW with `capturable=True`, SGD)"
+            )
             yield ck.finding_at(NEVER_CAPTURABLE_RULE, call, module, f"`{name}` cannot be captured in a CUDA graph", hint)
     tensor_lr = None
     for node, site in ck.nodes():
@@ -41,15 +73,33 @@ def check(ck):
             tensor_lr = ck.optimizers_take_tensor_lr() if tensor_lr is None else tensor_lr
             cycles = _cycles_momentum(ck, m[0], env)
             if cycles:
-                yield ck.finding(SCHEDULER_STEP, node, site, f"`{code_of(node)}` also cycles momentum/betas every step, which capture freezes",
-                                 "pass `cycle_momentum=False`, or step this scheduler per epoch", False)
+                yield ck.finding(
+                    SCHEDULER_STEP,
+                    node,
+                    site,
+                    f"`{code_of(node)}` also cycles momentum/betas every step, which capture freezes",
+                    "pass `cycle_momentum=False`, or step this scheduler per epoch",
+                    False,
+                )
                 continue
-            yield ck.finding(SCHEDULER_STEP, node, site, f"`{code_of(node)}` changes the learning rate every step",
-                             _lr_fix(tensor_lr), tensor_lr and _outside_called_step(ck, site))
+            yield ck.finding(
+                SCHEDULER_STEP,
+                node,
+                site,
+                f"`{code_of(node)}` changes the learning rate every step",
+                _lr_fix(tensor_lr),
+                tensor_lr and _outside_called_step(ck, site),
+            )
         elif isinstance(node, cst.Assign) and any(_is_lr_subscript(t.target) for t in node.targets):
             tensor_lr = ck.optimizers_take_tensor_lr() if tensor_lr is None else tensor_lr
-            yield ck.finding(LR_ASSIGNMENT, node, site, f"`{code_of(node)}` sets a float learning rate inside the step",
-                             _lr_fix(tensor_lr), tensor_lr and _outside_called_step(ck, site))
+            yield ck.finding(
+                LR_ASSIGNMENT,
+                node,
+                site,
+                f"`{code_of(node)}` sets a float learning rate inside the step",
+                _lr_fix(tensor_lr),
+                tensor_lr and _outside_called_step(ck, site),
+            )
 
 
 def _outside_called_step(ck, site) -> bool:
@@ -80,5 +130,7 @@ def _lr_fix(tensor_lr: bool) -> str:
 def _is_lr_subscript(target) -> bool:
     if not isinstance(target, cst.Subscript):
         return False
-    return any(isinstance(el.slice, cst.Index) and isinstance(el.slice.value, cst.SimpleString)
-               and el.slice.value.value.strip("'\"") == "lr" for el in target.slice)
+    return any(
+        isinstance(el.slice, cst.Index) and isinstance(el.slice.value, cst.SimpleString) and el.slice.value.value.strip("'\"") == "lr"
+        for el in target.slice
+    )

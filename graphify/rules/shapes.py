@@ -1,12 +1,27 @@
 """dynamic-shape: per-step input shapes that differ from the captured ones."""
+
 import libcst as cst
 
 from graphify.analysis.checker import code_of, is_true, kwarg
 from graphify.analysis.names import dotted
 from graphify.rules.registry import rule
 
-NO_DROP_LAST = rule("GFY251", "loader-without-drop-last", "dynamic-shape", "warning", "a DataLoader without `drop_last=True` yields a smaller last batch", True)
-VARIABLE_LENGTH = rule("GFY252", "variable-length-batch", "dynamic-shape", "error", "per-batch padding, packing or slicing to a per-step length changes shapes every step", False)
+NO_DROP_LAST = rule(
+    "GFY251",
+    "loader-without-drop-last",
+    "dynamic-shape",
+    "warning",
+    "a DataLoader without `drop_last=True` yields a smaller last batch",
+    True,
+)
+VARIABLE_LENGTH = rule(
+    "GFY252",
+    "variable-length-batch",
+    "dynamic-shape",
+    "error",
+    "per-batch padding, packing or slicing to a per-step length changes shapes every step",
+    False,
+)
 
 RULES = (NO_DROP_LAST, VARIABLE_LENGTH)
 
@@ -47,10 +62,20 @@ def check(ck):
         call, module = found
         seen.add(id(call))
         if not is_true(kwarg(call, "drop_last")) and kwarg(call, "batch_sampler") is None:
-            yield ck.finding_at(NO_DROP_LAST, call, module, f"`{code_of(call, 50)}` has no `drop_last=True`: the last batch can be smaller",
-                                "pass `drop_last=True`, or let graphify run the partial last batch eagerly behind a shape guard")
+            yield ck.finding_at(
+                NO_DROP_LAST,
+                call,
+                module,
+                f"`{code_of(call, 50)}` has no `drop_last=True`: the last batch can be smaller",
+                "pass `drop_last=True`, or let graphify run the partial last batch eagerly behind a shape guard",
+            )
     for call, site in ck.calls():
         last = (site.env.qualify(call.func) or "").rsplit(".", 1)[-1]
         if last in _PADDING:
-            yield ck.finding(VARIABLE_LENGTH, call, site, f"`{code_of(call)}` gives every batch its own shape",
-                             "pad to a fixed maximum length (or a few bucket lengths, one graph each)")
+            yield ck.finding(
+                VARIABLE_LENGTH,
+                call,
+                site,
+                f"`{code_of(call)}` gives every batch its own shape",
+                "pad to a fixed maximum length (or a few bucket lengths, one graph each)",
+            )

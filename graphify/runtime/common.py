@@ -27,6 +27,7 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
 
 # ---- nested inputs and outputs -------------------------------------------------------------------
 
+
 def leaves(value) -> list:
     """The tensors of a value made of tuples, lists, dicts, mappings and dataclasses, in order."""
     out: list = []
@@ -91,8 +92,6 @@ def _init_fields(value) -> set[str]:
 def copy_outputs(value):
     """A copy of a replay's outputs that the next replay does not overwrite."""
     return tree_map(torch.Tensor.clone, value)
-
-
 
 
 def first_line(exc: BaseException) -> str:

@@ -8,7 +8,16 @@ import types
 import torch
 
 _SAFE_OPTIMIZERS = {  # torch.optim classes whose step can be captured (the Adam family with capturable=True)
-    "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "ASGD", "RMSprop", "Adadelta", "Rprop", "SGD",
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "NAdam",
+    "RAdam",
+    "ASGD",
+    "RMSprop",
+    "Adadelta",
+    "Rprop",
+    "SGD",
 }
 _WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
 
@@ -80,4 +89,3 @@ def why_not_capturable(objects, optimizers) -> str | None:
         if not type(opt).__module__.startswith("torch.optim") or name not in _SAFE_OPTIMIZERS:
             return f"the step uses a {name} optimizer, whose step cannot be captured"
     return None
-

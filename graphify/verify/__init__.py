@@ -63,8 +63,13 @@ def verify_file(
         return _end(report, ERROR, f"cannot read {reading}: {exc.message}")
     except InstrumentError as exc:
         return _end(report, ERROR, str(exc))
-    report.loop = {"line": inst.line, "kind": inst.kind, "function": inst.function, "step_function": inst.step_name,
-                   "records_values": inst.records_values}
+    report.loop = {
+        "line": inst.line,
+        "kind": inst.kind,
+        "function": inst.function,
+        "step_function": inst.step_name,
+        "records_values": inst.records_values,
+    }
     rewritten = rewrite_hook(inst.rewritten) if rewrite_hook else inst.rewritten
     workdir = tempfile.mkdtemp(prefix="graphify-verify-")
     until_reentry = REENTRY_MAX_STEPS if steps is None and inst.reenterable else None
@@ -87,10 +92,20 @@ def _run(report, original_code, rewritten_code, workdir, profile, timeout, progr
     runs = {}
     for label, code in (("original", original_code), ("rewrite", rewritten_code)):
         progress.stage(f"running the {label}" + (" on the original's trajectory" if label == "rewrite" else ""))
-        run = run_version(label, code, report.path, report.steps_requested, report.args, workdir, profile=profile,
-                          states_out=states if label == "original" else None, states_in=states if label == "rewrite" else None,
-                          until_reentry=until_reentry,
-                          timeout=timeout, on_step=lambda n, label=label: progress.step(label, n, report.steps_requested))
+        run = run_version(
+            label,
+            code,
+            report.path,
+            report.steps_requested,
+            report.args,
+            workdir,
+            profile=profile,
+            states_out=states if label == "original" else None,
+            states_in=states if label == "rewrite" else None,
+            until_reentry=until_reentry,
+            timeout=timeout,
+            on_step=lambda n, label=label: progress.step(label, n, report.steps_requested),
+        )
         runs[label] = run
         setattr(report, label, run)
         if not run.ok:
@@ -105,7 +120,11 @@ def _run(report, original_code, rewritten_code, workdir, profile, timeout, progr
     rtol, atol, update_tol = tolerances(on_cuda, precision, rtol, atol)
     report.comparison = c = compare_runs(original, runs["rewrite"], rtol, atol, update_tol)
     if c.equivalent:
-        how = " (exact)" if c.exact else f" ({precision}: losses within rtol {rtol:g}, atol {atol:g}; state within {update_tol:g} of each step's update)"
+        how = (
+            " (exact)"
+            if c.exact
+            else f" ({precision}: losses within rtol {rtol:g}, atol {atol:g}; state within {update_tol:g} of each step's update)"
+        )
         return _end(report, PASSED, f"the rewrite is equivalent: {c.forced + 1} steps compared from identical state" + how)
     return _end(report, FAILED, "the rewrite is NOT equivalent: " + "; ".join(_differences(c)))
 
@@ -117,12 +136,15 @@ def _warn_uncovered(report, inst) -> None:
         return
     stopped = run.data.get("ended") == "steps"
     if inst.reenterable and stopped and len(run.data.get("entries", [])) < 2:
-        report.warnings.append(f"the run stopped after {run.steps} steps, before the loop was entered a second time "
-                               "(a second epoch): the reuse of its graphs was not compared; run more steps")
+        report.warnings.append(
+            f"the run stopped after {run.steps} steps, before the loop was entered a second time "
+            "(a second epoch): the reuse of its graphs was not compared; run more steps"
+        )
     lrs = run.data.get("lrs", [])
     if inst.scheduled and lrs and all(v == lrs[0] for v in lrs) and stopped:
-        report.warnings.append(f"the learning rate did not change within the {run.steps} compared steps: the schedule "
-                               "was not checked; run more steps")
+        report.warnings.append(
+            f"the learning rate did not change within the {run.steps} compared steps: the schedule was not checked; run more steps"
+        )
 
 
 def _differences(c) -> list[str]:

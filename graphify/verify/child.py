@@ -272,7 +272,9 @@ def _load_forcing():
     """forcing.py beside this file, by path: the child imports nothing through the graphify package."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_graphify_forcing", os.path.join(os.path.dirname(os.path.abspath(__file__)), "forcing.py"))
+    spec = importlib.util.spec_from_file_location(
+        "_graphify_forcing", os.path.join(os.path.dirname(os.path.abspath(__file__)), "forcing.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -291,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--states-in")
     parser.add_argument("--until-reentry", type=int)
     ns = parser.parse_args(argv[:split])
-    script_args = argv[split + 1:]
+    script_args = argv[split + 1 :]
     as_path = os.path.abspath(ns.as_path or ns.script)
     sys.path[0] = os.path.dirname(as_path)  # before anything imports: the script's siblings come first
 

@@ -57,9 +57,16 @@ class Diff:
             self.first_bad = name
 
     def to_dict(self) -> dict:
-        return {"compared": self.compared, "max_abs_diff": _num(self.max_abs), "max_rel_diff": _num(self.max_rel),
-                "worst": self.worst, "first_mismatch": self.first_bad, "problems": self.problems, "ok": self.ok,
-                "max_tolerance_ratio": _num(self.max_ratio)}
+        return {
+            "compared": self.compared,
+            "max_abs_diff": _num(self.max_abs),
+            "max_rel_diff": _num(self.max_rel),
+            "worst": self.worst,
+            "first_mismatch": self.first_bad,
+            "problems": self.problems,
+            "ok": self.ok,
+            "max_tolerance_ratio": _num(self.max_ratio),
+        }
 
 
 @dataclass
@@ -103,8 +110,17 @@ def compare_runs(original, rewrite, rtol: float, atol: float, update_tol: float)
         for part in ("optim", "buffers"):
             if part in m:
                 state.add(f"step {k} {'optimizer state' if part == 'optim' else 'buffers'}", m[part], 1.0, 0.0, update_tol)
-    return Comparison(rtol, atol, update_tol, rtol == 0 and atol == 0 and update_tol == 0,
-                      (original.steps, rewrite.steps), losses, params, state, len(compared) - 1)
+    return Comparison(
+        rtol,
+        atol,
+        update_tol,
+        rtol == 0 and atol == 0 and update_tol == 0,
+        (original.steps, rewrite.steps),
+        losses,
+        params,
+        state,
+        len(compared) - 1,
+    )
 
 
 def compare_values(a: list[list[float]], b: list[list[float]], rtol: float, atol: float, steps: set[int] | None = None) -> Diff:

@@ -20,8 +20,16 @@ class Progress:
     """Live display on stderr: the current stage, then one bar per version."""
 
     def __init__(self, console: Console) -> None:
-        self.bars = RichProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("steps"), TimeElapsedColumn(), console=console, transient=True)
+        self.bars = RichProgress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("steps"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
         self.tasks: dict[str, int] = {}
         self.status = None
 
@@ -97,8 +105,12 @@ def _equivalence_table(report: VerifyReport) -> Table:
     title = f"equivalence, each step from the original's state ({tol})"
     table = Table("", "compared", "max abs diff", "max rel diff", "first mismatch", "", title=title, title_justify="left")
     table.columns[0].no_wrap = True
-    rows = [("steps", None), ("losses" if report.loop["kind"] == "train" else "outputs", c.losses),
-            ("parameters (/ update)", c.params), ("optimizer state, buffers", c.state)]
+    rows = [
+        ("steps", None),
+        ("losses" if report.loop["kind"] == "train" else "outputs", c.losses),
+        ("parameters (/ update)", c.params),
+        ("optimizer state, buffers", c.state),
+    ]
     for name, d in rows:
         if d is None:
             ok = c.steps[0] == c.steps[1]

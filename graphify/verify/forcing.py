@@ -86,8 +86,12 @@ def snapshot(torch, optimizers, modules, carried=()) -> dict:
     state = {
         "params": [cpu(p) for p in params],
         "grads": [None if p.grad is None else cpu(p.grad) for p in params],
-        "optim": [{k: cpu(v) if torch.is_tensor(v) else v for k, v in opt.state.get(p, {}).items()}
-                  for opt in optimizers for group in opt.param_groups for p in group["params"]],
+        "optim": [
+            {k: cpu(v) if torch.is_tensor(v) else v for k, v in opt.state.get(p, {}).items()}
+            for opt in optimizers
+            for group in opt.param_groups
+            for p in group["params"]
+        ],
         "buffers": [{name: cpu(b) for name, b in m.named_buffers(recurse=False) if b is not None} for m in modules],
         "rng": {"torch": torch.get_rng_state(), "random": random.getstate()},
         "carried": [cpu(t) for t in _leaves(carried)],
@@ -149,8 +153,8 @@ def differences(torch, current, original, before) -> dict:
         moved = sum(float(torch.linalg.vector_norm(b[n].double() - prev[n].double()) ** 2) for n in names)
         size = sum(float(torch.linalg.vector_norm(b[n].double()) ** 2) for n in names)
         eps = torch.finfo(b[names[0]].dtype).eps if b[names[0]].is_floating_point() else 0.0
-        out[part] = delta ** 0.5 / max(moved ** 0.5, eps * size ** 0.5, 1e-30)
-        out[part + "_abs"] = delta ** 0.5
+        out[part] = delta**0.5 / max(moved**0.5, eps * size**0.5, 1e-30)
+        out[part + "_abs"] = delta**0.5
     return out
 
 

@@ -19,7 +19,7 @@ from graphify.analysis.discovery import runtime_helper_assignments
 from graphify.analysis.program import Program
 from graphify.engine import LoopAnalysis, analyze_module
 from graphify.analysis.statements import names_read, names_written, walk
-from graphify.analysis.values import SCHEDULER
+from graphify.analysis.vocabulary import SCHEDULER
 from graphify.model import Verdict
 from graphify.rewrite import rewrite_source
 from graphify.plan import Plan, body_of
@@ -74,8 +74,7 @@ def instrument(source: str, path: str, settings=None) -> Instrumented:
             continue
         if not probe_follows_call(rewrite.code, outcome.step_name):
             raise InstrumentError(f"line {line}: the rewrite does not keep the probe after the captured step; cannot compare")
-        return Instrumented(original, rewrite.code, line, loop.kind, loop.func.qualname, outcome.step_name, records,
-                            *_context(analysis))
+        return Instrumented(original, rewrite.code, line, loop.kind, loop.func.qualname, outcome.step_name, records, *_context(analysis))
     detail = f" ({'; '.join(why)})" if why else ""
     raise InstrumentError(f"graphify rewrite changes no loop of this file, so there is nothing to verify{detail}")
 
@@ -115,7 +114,7 @@ def instrument_given(source: str, path: str, rewritten: str, settings=None) -> I
             continue
         line = loop.module.position(loop.node).start.line
         call = cst.parse_expression(text.split("\n")[0])
-        available = set().union(*(names_written(st) for st in stmts[:after[-1] + 1]))
+        available = set().union(*(names_written(st) for st in stmts[: after[-1] + 1]))
         if isinstance(target, cst.For):
             available |= names_written(cst.Assign([cst.AssignTarget(target.target)], cst.Name("_")))
         if not names_read(call.args[0].value) <= available:  # the rewrite keeps no loss here: compare the state only
@@ -123,8 +122,16 @@ def instrument_given(source: str, path: str, rewritten: str, settings=None) -> I
             records = False
         original = result.module.tree.visit(_Insert(loop.node, index, text)).code
         step_name = next((name for name in helpers if _calls(stmts[after[-1]], name)), "")
-        return Instrumented(original, given.visit(_Insert(target, after[-1], text)).code, line, loop.kind,
-                            loop.func.qualname, step_name, records, *_context(analysis))
+        return Instrumented(
+            original,
+            given.visit(_Insert(target, after[-1], text)).code,
+            line,
+            loop.kind,
+            loop.func.qualname,
+            step_name,
+            records,
+            *_context(analysis),
+        )
     raise InstrumentError("no loop of the original has a counterpart in the given rewrite (the same loop header)")
 
 
@@ -135,7 +142,8 @@ def _context(analysis: LoopAnalysis) -> tuple[bool, bool]:
     scope = loop.func.node if loop.func.node is not None else loop.module.tree
     env = loop.region.body_block.env
     scheduled = any(f.rule.code in ("GFY411", "GFY412") for f in analysis.all_findings) or any(
-        (m := method_call(n)) is not None and m[1] == "step" and env.kind_of(m[0]) == SCHEDULER for n in walk(scope))
+        (m := method_call(n)) is not None and m[1] == "step" and env.kind_of(m[0]) == SCHEDULER for n in walk(scope)
+    )
     return reenterable, scheduled
 
 

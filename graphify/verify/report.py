@@ -63,9 +63,16 @@ class VerifyReport:
             "loop": self.loop,
             "device": self.original.data.get("device") if self.original is not None and self.original.ok else None,
             "on_cuda": self.on_cuda,
-            "tolerance": {"rtol": c.rtol, "atol": c.atol, "exact": c.exact,
-                          "precision": self.original.data.get("precision"), "update_tol": c.update_tol,
-                          "steps_compared": c.forced + 1} if c else None,
+            "tolerance": {
+                "rtol": c.rtol,
+                "atol": c.atol,
+                "exact": c.exact,
+                "precision": self.original.data.get("precision"),
+                "update_tol": c.update_tol,
+                "steps_compared": c.forced + 1,
+            }
+            if c
+            else None,
             "steps": {"original": c.steps[0], "rewrite": c.steps[1]} if c else None,
             "losses": dict(c.losses.to_dict(), first_divergent_step=c.first_divergent_step()) if c else None,
             "params": c.params.to_dict() if c else None,
@@ -114,7 +121,11 @@ def speed_verdict(report: VerifyReport) -> str:
     if busy is None:
         if speedup is None:
             return f"no timing: the loop ran too few steps past warmup and capture (at least {SETUP_STEPS + 2} are needed)"
-        return ("CUDA graphs pay off here" if speedup >= 1.1 else "CUDA graphs gain little here") + measured + "; no profile of launch overhead"
+        return (
+            ("CUDA graphs pay off here" if speedup >= 1.1 else "CUDA graphs gain little here")
+            + measured
+            + "; no profile of launch overhead"
+        )
     # the GPU idles while the host launches kernels and runs Python between them: that is what a replay removes
     if busy <= 0.5:
         return f"host-bound: the GPU ran kernels only {busy:.0%} of the eager step and waited on kernel launches and Python the rest, so CUDA graphs pay off{measured}"

@@ -95,8 +95,15 @@ def run_version(
         cmd += ["--until-reentry", str(until_reentry)]
     cmd += ["--", *args]
     with open(os.path.join(workdir, f"{label}.stdout"), "wb") as stdout, open(os.path.join(workdir, f"{label}.stderr"), "wb") as stderr:
-        proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.abspath(script)), env=child_env(),
-                                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=os.path.dirname(os.path.abspath(script)),
+            env=child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+        )
         timed_out = _wait(proc, progress, timeout, on_step)
     result = RunResult(label, proc.returncode, _tail(workdir, label), timed_out)
     if proc.returncode == 0 and os.path.exists(out):

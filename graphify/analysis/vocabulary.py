@@ -1,0 +1,115 @@
+"""The vocabulary of names: well-known object kinds, the name patterns that suggest them, and the
+tensor methods, attributes and torch callables whose results live on the host.
+"""
+
+from __future__ import annotations
+
+import re
+
+MODEL, OPTIMIZER, SCHEDULER, SCALER, LOADER, LOSS, DDP, GENERATOR, ENV, ACCELERATOR = (
+    "model",
+    "optimizer",
+    "scheduler",
+    "scaler",
+    "loader",
+    "loss",
+    "ddp",
+    "generator",
+    "env",
+    "accelerator",
+)
+
+ADAM_FAMILY = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "ASGD", "RMSprop", "Adadelta", "Rprop"}
+NEVER_CAPTURABLE = {"LBFGS", "SparseAdam"}
+FUSED_CAPTURABLE = {"Adagrad", "SGD", "Adam", "AdamW"}  # graph-safe with fused=True
+KNOWN_OPTIMIZERS = ADAM_FAMILY | NEVER_CAPTURABLE | {"SGD", "Adagrad", "Adafactor", "Muon"}
+
+_MODEL_NAME = re.compile(
+    r"^(self\.)?(model|net|network|module|encoder|decoder|generator|discriminator|gen|disc|netG|netD|G|D|"
+    r"policy|critic|actor|value_net|q_net|qnet|target_net|classifier|backbone|head|ae|autoencoder|vae|unet|"
+    r"transformer|gpt|bert|lm|student|teacher|mlp|cnn|rnn|lstm|[a-z_]*_(model|net|encoder|decoder))$",
+    re.IGNORECASE,
+)
+_OPTIMIZER_NAME = re.compile(
+    r"^(self\.)?(opt|optim|optimizer|optimiser)(_[a-z0-9]+|[GD])?$|^(self\.)?[a-z0-9_]*_(opt|optim|optimizer|optimiser)$", re.I
+)
+_SCHEDULER_NAME = re.compile(r"^(self\.)?([a-z_]*sched[a-z_]*|lr_scheduler)$", re.I)
+_SCALER_NAME = re.compile(r"^(self\.)?([a-z_]*scaler)$", re.I)
+_LOADER_NAME = re.compile(r"^(self\.)?([a-z_]*(loader|_dl|dl_[a-z_]*)|dl|dataloader)$", re.I)
+LOSS_NAME = re.compile(r"^(self\.)?(criterion|loss_fn|loss_func|loss_function|lossfn|[a-z_]*_criterion|[a-z_]*_loss_fn)$", re.I)
+_ENV_NAME = re.compile(r"^(self\.)?(env|envs|environment|[a-z_]*_env|sim|game)$", re.I)
+
+# Tensor methods whose results live on the host.
+HOST_METHODS = {
+    "item",
+    "tolist",
+    "numpy",
+    "size",
+    "dim",
+    "ndimension",
+    "numel",
+    "nelement",
+    "element_size",
+    "data_ptr",
+    "is_contiguous",
+    "get_device",
+    "stride",
+    "storage_offset",
+    "is_floating_point",
+    "is_complex",
+    "__len__",
+    "type",
+    "keys",
+    "items",
+    "values",
+    "state_dict",
+    "parameters",
+    "named_parameters",
+    "buffers",
+    "modules",
+    "children",
+    "train",
+    "eval",
+    "zero_grad",
+    "register_hook",
+    "backward",
+    "add_scalar",
+    "log",
+    "update",
+    "append",
+    "extend",
+    "copy_",
+}
+# Roots of configuration objects (argparse namespaces, configs): their attributes are host values.
+CONFIG_ROOTS = {"args", "opt", "opts", "config", "cfg", "conf", "hparams", "hp", "FLAGS", "flags", "settings", "options"}
+HOST_ATTRIBUTES = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "is_leaf", "layout", "names"}
+
+# torch.* callables that do not return a tensor on the device.
+_TORCH_NON_TENSOR = re.compile(
+    r"^torch\.(cuda|distributed|optim|utils|backends|jit|onnx|compiler|_dynamo|profiler|autograd\.profiler|"
+    r"nn\.(?!functional)|amp|cpu|mps|hub|testing|fx|export|package|multiprocessing|library)(\.|$)"
+    r"|^torch\.(device|dtype|no_grad|enable_grad|inference_mode|set_grad_enabled|is_tensor|is_grad_enabled|"
+    r"manual_seed|seed|initial_seed|get_rng_state|set_rng_state|save|load|compile|autocast|Generator|"
+    r"set_printoptions|set_float32_matmul_precision|use_deterministic_algorithms|set_default_dtype|"
+    r"get_default_dtype|numel|is_floating_point|is_complex|set_num_threads|get_num_threads|"
+    r"float\d*|int\d*|bfloat16|half|long|bool|double|Size|finfo|iinfo)$"
+)
+
+
+def is_torch_tensor_call(qual: str | None) -> bool:
+    return bool(qual) and qual.startswith("torch.") and not _TORCH_NON_TENSOR.match(qual)
+
+
+def kind_by_name(name: str) -> str | None:
+    for pattern, kind in (
+        (_SCHEDULER_NAME, SCHEDULER),
+        (_SCALER_NAME, SCALER),
+        (_OPTIMIZER_NAME, OPTIMIZER),
+        (_LOADER_NAME, LOADER),
+        (LOSS_NAME, LOSS),
+        (_ENV_NAME, ENV),
+        (_MODEL_NAME, MODEL),
+    ):
+        if pattern.match(name):
+            return kind
+    return None
