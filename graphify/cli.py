@@ -147,7 +147,7 @@ def _check(paths, settings, fmt, exit_zero, statistics, jobs, force_exclude, out
         if files:
             report.extend(analyze_files(files, settings, analyzer, jobs))
         if stdin:
-            report.extend(analyzer(sys.stdin.read(), stdin_filename or "-", settings))
+            report.extend(analyze_file(stdin_filename or "-", settings, analyzer, text=sys.stdin.read()))
     report.errors.sort(key=lambda e: e.path)
 
     output.write(render(report, fmt, color=output.colored(fmt, statistics), statistics=statistics))
@@ -177,19 +177,24 @@ def analyze_files(files: Sequence[str], settings: Settings, analyzer: Analyzer, 
     return _analyze_in_pool(files, settings, analyzer, jobs)
 
 
-def analyze_file(path: str, settings: Settings, analyzer: Analyzer) -> Report:
-    """Read and analyse one file; whatever goes wrong comes back as a FileError."""
-    from graphify.files import SourceError, read_source
+def analyze_file(path: str, settings: Settings, analyzer: Analyzer, text: str | None = None) -> Report:
+    """Read (unless its `text` is given) and analyse one file or notebook; whatever goes wrong comes
+    back as a FileError."""
+    from graphify.files import SourceError
     from graphify.model import FileError, Report
+    from graphify.notebooks import load_module
 
     try:
-        source = read_source(path)
+        source, cell_starts = load_module(path, text)
     except SourceError as exc:
         return Report(errors=[FileError(path, exc.message)])
     try:
-        return analyzer(source, path, settings)
+        report = analyzer(source, path, settings)
     except Exception as exc:  # never let one file stop the run
         return Report(errors=[FileError(path, f"internal error: {type(exc).__name__}: {exc}")])
+    if cell_starts is not None:
+        report.cell_starts[path] = cell_starts
+    return report
 
 
 _worker_state: tuple = ()

@@ -4,7 +4,8 @@
 
 * a file is checked as given, whatever its extension (pre-commit passes extensionless scripts);
   with `force_exclude=True`, `exclude` / `extend-exclude` apply to it too;
-* a folder is walked recursively for `*.py`, skipping `.git` and `__pycache__`, what `exclude` /
+* a folder is walked recursively for `*.py` and `*.ipynb` (Jupyter notebooks, see notebooks.py),
+  skipping `.git`, `__pycache__` and `.ipynb_checkpoints`, what `exclude` /
   `extend-exclude` match, and what `.gitignore` files ignore (the repository's own from its top down
   to the folder, nested ones inside it, and `.git/info/exclude`) unless `respect-gitignore = false`.
   Nothing else is skipped by name: `graphify check .../site-packages/torch` checks that package.
@@ -27,7 +28,8 @@ from graphify.config import Settings
 from graphify.model import FileError
 
 MAX_BYTES = 8 * 1024 * 1024
-ALWAYS_SKIPPED = frozenset({".git", "__pycache__"})
+ALWAYS_SKIPPED = frozenset({".git", "__pycache__", ".ipynb_checkpoints"})  # the last: Jupyter's autosaved copies
+SOURCE_SUFFIXES = (".py", ".ipynb")
 
 
 class SourceError(Exception):
@@ -187,9 +189,9 @@ class _Walker:
                     elif key not in self.visited:  # a second link to a folder already walked adds nothing
                         yield from self._walk(path, abs_path, [*ancestors, key])
                 elif is_file:
-                    if entry.name.endswith(".py") and not self._skipped(abs_path, False):
+                    if entry.name.endswith(SOURCE_SUFFIXES) and not self._skipped(abs_path, False):
                         yield path
-                elif entry.name.endswith(".py") and entry.is_symlink() and not self._skipped(abs_path, False):
+                elif entry.name.endswith(SOURCE_SUFFIXES) and entry.is_symlink() and not self._skipped(abs_path, False):
                     try:
                         os.stat(path)
                     except OSError as exc:  # a dangling link, or a link loop

@@ -76,9 +76,25 @@ class Report:
     loops: list[LoopReport] = field(default_factory=list)
     errors: list[FileError] = field(default_factory=list)
     files_checked: int = 0
+    # Notebooks: the module line where each code cell begins, by path (lines are the joined module's).
+    cell_starts: dict[str, list[int]] = field(default_factory=dict)
 
     def extend(self, other: "Report") -> None:
         self.diagnostics.extend(other.diagnostics)
         self.loops.extend(other.loops)
         self.errors.extend(other.errors)
         self.files_checked += other.files_checked
+        self.cell_starts.update(other.cell_starts)
+
+    def locate(self, path: str, line: int) -> tuple[int | None, int]:
+        """(cell number from 1, line in that cell) in a notebook; (None, line) in a script."""
+        starts = self.cell_starts.get(path)
+        if not starts:
+            return None, line
+        cell = max((i for i, start in enumerate(starts) if start <= line), default=0)
+        return cell + 1, line - starts[cell] + 1
+
+    def where(self, path: str, line: int) -> str:
+        """`path:line`, or ruff's `path:cell N:line` in a notebook."""
+        cell, line = self.locate(path, line)
+        return f"{path}:{line}" if cell is None else f"{path}:cell {cell}:{line}"

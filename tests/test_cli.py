@@ -98,7 +98,7 @@ def test_formats(project, fmt):
 
 def test_output_format_alias(project):
     write(project / "bad.py", BAD_SCRIPT)
-    assert json.loads(run("check", "--output-format", "json", "bad.py").stdout)["version"] == 1
+    assert json.loads(run("check", "--output-format", "json", "bad.py").stdout)["version"] == 2
 
 
 def test_statistics(project):

@@ -137,7 +137,7 @@ def test_manifest():
     (check,) = [h for h in hooks if h["id"] == "graphify-check"]
     assert check["entry"].split()[:2] == ["graphify", "check"]
     assert check["language"] == "python"
-    assert check["types"] == ["python"]
+    assert check["types_or"] == ["python", "jupyter"]
 
 
 REWRITABLE = BAD.replace("        print(loss.item())\n", "")
@@ -171,7 +171,9 @@ def test_the_readme_local_hook_works_as_written(precommit_env, tmp_path):
     repo.mkdir()
     (repo / ".pre-commit-config.yaml").write_text("repos:\n" + snippet)
     (repo / "train.py").write_text(REWRITABLE)
+    (repo / "notebook.ipynb").write_text((REPO / "fixtures" / "notebooks" / "train_classifier.ipynb").read_text())
     git("init", "-q", cwd=repo)
     git("add", "-A", cwd=repo)
     result = pre_commit(repo, env)
     assert result.returncode == 1 and "graphify rewrite --check" in result.stdout, result.stdout + result.stderr
+    assert "notebook.ipynb:cell 5:3: train loop" in result.stdout  # notebooks are staged files of the hook too

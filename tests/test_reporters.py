@@ -137,9 +137,10 @@ def test_same_position_in_every_format():
 def test_json_schema_exact_keys():
     doc = json.loads(render(sample_report(), "json"))
     assert list(doc) == ["version", "diagnostics", "loops", "errors"]
-    assert doc["version"] == 1
+    assert doc["version"] == 2
     assert list(doc["diagnostics"][0]) == [
         "path",
+        "cell",
         "line",
         "column",
         "end_line",
@@ -152,7 +153,7 @@ def test_json_schema_exact_keys():
         "fix",
         "loop_line",
     ]
-    assert list(doc["loops"][0]) == ["path", "line", "end_line", "kind", "function", "verdict", "reasons"]
+    assert list(doc["loops"][0]) == ["path", "cell", "line", "end_line", "kind", "function", "verdict", "reasons"]
     assert list(doc["errors"][0]) == ["path", "message"]
 
 

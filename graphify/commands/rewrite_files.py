@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from graphify.files import SourceError, read_source
-from graphify.model import Verdict
+from graphify.model import Report, Verdict
+from graphify.notebooks import CellSpanError, is_notebook, read_notebook
 from graphify.rewrite import RewriteResult, rewrite_source
 
 
@@ -34,10 +35,11 @@ class RewriteRun:
         return 2 if self.errors else 1 if (self.changed or self.pending or self.rejected) else 0
 
 
-def loop_notes(result: RewriteResult, written: bool) -> list[str]:
+def loop_notes(result: RewriteResult, written: bool, cell_starts: list[int] | None = None) -> list[str]:
+    located = Report(cell_starts={result.path: cell_starts} if cell_starts else {})
     notes = []
     for o in result.outcomes:
-        where = f"{o.path}:{o.line}: {o.kind} loop" + (f" in {o.function}()" if o.function else "")
+        where = f"{located.where(o.path, o.line)}: {o.kind} loop" + (f" in {o.function}()" if o.function else "")
         if o.rewritten and o.verdict == Verdict.PARTIAL:
             verb = "graphed" if written else "would graph"
             notes.append(
@@ -54,6 +56,11 @@ def loop_notes(result: RewriteResult, written: bool) -> list[str]:
 
 def unified_diff(path: str, before: str, after: str) -> str:
     return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{path}", f"b/{path}"))
+
+
+def _ended(cell: str) -> str:
+    """A notebook cell's code with a final newline, for a diff (cells are stored without one)."""
+    return cell if cell.endswith("\n") or not cell else cell + "\n"
 
 
 def write_atomically(path: str, text: str) -> None:
@@ -95,9 +102,10 @@ def rewrite_files(
     run = RewriteRun()
     for path in files:
         try:
-            source = read_source(path)
+            notebook = read_notebook(path) if is_notebook(path) else None
+            source = notebook.source if notebook else read_source(path)
         except SourceError as e:
-            run.errors.append(f"{path}: {e.message if hasattr(e, 'message') else e}")
+            run.errors.append(f"{path}: {e.message}")
             continue
         try:
             result = rewrite_source(source, path, settings)
@@ -105,17 +113,29 @@ def rewrite_files(
             run.errors.append(f"{path}: internal error while rewriting: {type(e).__name__}: {e}")
             continue
         run.errors.extend(f"{err.path}: {err.message}" for err in result.errors)
+        starts = notebook.starts if notebook else None
+        text, diff = result.code, ""
+        if result.changed and notebook:
+            try:
+                text, cells = notebook.with_source(result.code)
+            except CellSpanError as e:  # the loops stay as they are, and are not pending: they cannot be rewritten
+                run.notes.append(f"{path}: left unchanged: {e}")
+                continue
+            diff = "".join(unified_diff(f"{path}:cell {n}", _ended(before), _ended(after)) for n, (before, after) in cells.items())
+        elif result.changed:
+            diff = unified_diff(path, source, result.code)
         run.pending += sum(o.rewritten for o in result.outcomes)
-        if check_only:
-            run.notes.extend(loop_notes(result, written=False))
-            continue
-        if not result.changed:
-            run.notes.extend(loop_notes(result, written=False))
+        if check_only or not result.changed:
+            run.notes.extend(loop_notes(result, False, starts))
             continue
         run.changed.append(path)
         if not in_place:
-            run.diffs.append(unified_diff(path, source, result.code))
-            run.notes.extend(loop_notes(result, written=False))
+            run.diffs.append(diff)
+            run.notes.extend(loop_notes(result, False, starts))
+            continue
+        if verify is not None and notebook:
+            run.rejected.append(path)
+            run.notes.append(f"{path}: not written: --verify runs scripts (export the notebook with `jupyter nbconvert --to script`)")
             continue
         if verify is not None:
             passed, summary = verify(path)
@@ -124,11 +144,11 @@ def rewrite_files(
                 run.notes.append(f"{path}: not written: verification failed ({summary})")
                 continue
         try:
-            write_atomically(path, result.code)
+            write_atomically(path, text)
         except OSError as e:
             run.errors.append(f"{path}: could not write: {e.strerror or e}")
             continue
-        run.notes.extend(loop_notes(result, written=True))
+        run.notes.extend(loop_notes(result, True, starts))
     if not check_only:
         run.pending = 0
     return run

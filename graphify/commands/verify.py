@@ -49,6 +49,9 @@ def verify_command(script, script_args, steps, rtol, atol, as_json, profile, tim
     from graphify.verify import verify_file
     from graphify.verify.display import Progress, render
 
+    if script.endswith(".ipynb"):
+        click.echo(f"graphify: {script}: verify runs scripts; export the notebook first (`jupyter nbconvert --to script`)", err=True)
+        sys.exit(2)
     try:
         settings = load_settings([script])
     except ConfigError as exc:

@@ -3,7 +3,8 @@
     ::error title=graphify (GFY001),file=train.py,line=15,col=17,endLine=15,endColumn=28::message
 
 Error-severity rules give `::error`, warnings `::warning`, info `::notice`; files that could not be
-analysed give `::error file=...,title=graphify::message`.
+analysed give `::error file=...,title=graphify::message`. In a notebook, lines count within the cell
+named in the title (`graphify (GFY001) cell 3`).
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ def _prop(s: str) -> str:
 def render(report: Report) -> str:
     out = []
     for d in sorted_diagnostics(report):
+        cell, line = report.locate(d.path, d.line)
+        in_cell = f" cell {cell}" if cell else ""
         props = ",".join(
             f"{k}={_prop(str(v))}"
             for k, v in (
-                ("title", f"graphify ({d.code})"),
+                ("title", f"graphify ({d.code}){in_cell}"),
                 ("file", d.path),
-                ("line", d.line),
+                ("line", line),
                 ("col", d.column),
-                ("endLine", d.end_line),
+                ("endLine", report.locate(d.path, d.end_line)[1]),
                 ("endColumn", d.end_column),
             )
         )

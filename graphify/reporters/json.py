@@ -1,12 +1,13 @@
-"""`--format json`: one document, schema version 1.
+"""`--format json`: one document, schema version 2.
 
-    {"version": 1,
-     "diagnostics": [{"path", "line", "column", "end_line", "end_column", "code", "name", "category",
+    {"version": 2,
+     "diagnostics": [{"path", "cell", "line", "column", "end_line", "end_column", "code", "name", "category",
                       "severity", "message", "fix", "loop_line"}],
-     "loops": [{"path", "line", "end_line", "kind", "function", "verdict", "reasons"}],
+     "loops": [{"path", "cell", "line", "end_line", "kind", "function", "verdict", "reasons"}],
      "errors": [{"path", "message"}]}
 
-Lines and columns are 1-based; end_column is exclusive. Diagnostics and loops are sorted by path
+Lines and columns are 1-based; end_column is exclusive. `cell` is null in a script; in a notebook it
+is the code cell (from 1) and lines count within it (version 2 added `cell`). Diagnostics and loops are sorted by path
 and position. Adding a key is a new version.
 """
 
@@ -17,15 +18,17 @@ import json
 from graphify.model import Diagnostic, LoopReport, Report
 from graphify.reporters.common import sorted_diagnostics, sorted_loops
 
-VERSION = 1
+VERSION = 2
 
 
-def diagnostic_dict(d: Diagnostic) -> dict:
+def diagnostic_dict(d: Diagnostic, report: Report) -> dict:
+    cell, line = report.locate(d.path, d.line)
     return {
         "path": d.path,
-        "line": d.line,
+        "cell": cell,
+        "line": line,
         "column": d.column,
-        "end_line": d.end_line,
+        "end_line": report.locate(d.path, d.end_line)[1],
         "end_column": d.end_column,
         "code": d.code,
         "name": d.rule.name,
@@ -33,15 +36,17 @@ def diagnostic_dict(d: Diagnostic) -> dict:
         "severity": d.rule.severity.value,
         "message": d.message,
         "fix": d.fix,
-        "loop_line": d.loop_line,
+        "loop_line": report.locate(d.loop_path, d.loop_line)[1],
     }
 
 
-def loop_dict(loop: LoopReport) -> dict:
+def loop_dict(loop: LoopReport, report: Report) -> dict:
+    cell, line = report.locate(loop.path, loop.line)
     return {
         "path": loop.path,
-        "line": loop.line,
-        "end_line": loop.end_line,
+        "cell": cell,
+        "line": line,
+        "end_line": report.locate(loop.path, loop.end_line)[1],
         "kind": loop.kind,
         "function": loop.function,
         "verdict": loop.verdict.value,
@@ -52,8 +57,8 @@ def loop_dict(loop: LoopReport) -> dict:
 def render(report: Report) -> str:
     doc = {
         "version": VERSION,
-        "diagnostics": [diagnostic_dict(d) for d in sorted_diagnostics(report)],
-        "loops": [loop_dict(lp) for lp in sorted_loops(report)],
+        "diagnostics": [diagnostic_dict(d, report) for d in sorted_diagnostics(report)],
+        "loops": [loop_dict(lp, report) for lp in sorted_loops(report)],
         "errors": [{"path": e.path, "message": e.message} for e in sorted(report.errors, key=lambda e: e.path)],
     }
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"

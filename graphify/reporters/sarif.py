@@ -62,6 +62,8 @@ def render(report: Report, rules: list[Rule] | None = None) -> str:
 
     results = []
     for d in sorted_diagnostics(report):
+        cell, line = report.locate(d.path, d.line)
+        in_cell = {"cell": cell} if cell else {}
         results.append(
             {
                 "ruleId": d.code,
@@ -73,15 +75,20 @@ def render(report: Report, rules: list[Rule] | None = None) -> str:
                         "physicalLocation": {
                             "artifactLocation": {"uri": _uri(d.path)},
                             "region": {
-                                "startLine": d.line,
+                                "startLine": line,
                                 "startColumn": d.column,
-                                "endLine": d.end_line,
+                                "endLine": report.locate(d.path, d.end_line)[1],
                                 "endColumn": d.end_column,
                             },
                         }
                     }
                 ],
-                "properties": {"fix": d.fix, "loopLine": d.loop_line, "removableByRewrite": d.removable_by_rewrite},
+                "properties": {
+                    **in_cell,
+                    "fix": d.fix,
+                    "loopLine": report.locate(d.loop_path, d.loop_line)[1],
+                    "removableByRewrite": d.removable_by_rewrite,
+                },
             }
         )
     notifications = [

@@ -46,14 +46,14 @@ def render(report: Report, *, color: bool = False, source_lines: Callable[[str],
     for loop in sorted_loops(report):
         if out:
             out.append("")
-        out.append(loop_line(loop, paint))
+        out.append(loop_line(loop, paint, report.where))
         for d in groups.pop((loop.path, loop.line), []):
-            out.extend(_diagnostic(d, lines_of, paint))
+            out.extend(_diagnostic(d, lines_of, paint, report))
     for diags in groups.values():  # diagnostics whose loop is not in the report
         if out:
             out.append("")
         for d in diags:
-            out.extend(_diagnostic(d, lines_of, paint))
+            out.extend(_diagnostic(d, lines_of, paint, report))
 
     if out:
         out.append("")
@@ -61,11 +61,11 @@ def render(report: Report, *, color: bool = False, source_lines: Callable[[str],
     return "\n".join(out) + "\n"
 
 
-def loop_line(loop: LoopReport, paint=lambda s, c: s) -> str:
-    where = f"in {loop.function}()" if loop.function else "at module level"
+def loop_line(loop: LoopReport, paint=lambda s, c: s, where=lambda path, line: f"{path}:{line}") -> str:
+    function = f"in {loop.function}()" if loop.function else "at module level"
     verdict = paint(loop.verdict.value, _VERDICT_COLOR.get(loop.verdict, ""))
     reasons = f" ({', '.join(loop.reasons)})" if loop.reasons else ""
-    return f"{paint(f'{loop.path}:{loop.line}:', BOLD)} {loop.kind} loop {where}: {verdict}{reasons}"
+    return f"{paint(where(loop.path, loop.line) + ':', BOLD)} {loop.kind} loop {function}: {verdict}{reasons}"
 
 
 def summary(report: Report) -> str:
@@ -87,18 +87,18 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def _diagnostic(d: Diagnostic, lines_of, paint) -> list[str]:
-    head = f"{paint(f'{d.path}:{d.line}:{d.column}:', BOLD)} {paint(d.code, _SEVERITY_COLOR.get(d.rule.severity, ''))} {d.message}"
+def _diagnostic(d: Diagnostic, lines_of, paint, report: Report) -> list[str]:
+    head = f"{paint(f'{report.where(d.path, d.line)}:{d.column}:', BOLD)} {paint(d.code, _SEVERITY_COLOR.get(d.rule.severity, ''))} {d.message}"
     out = [head]
     lines = lines_of(d.path)
     if lines and 1 <= d.line <= len(lines):
-        out.extend(_snippet(lines[d.line - 1], d, paint))
+        out.extend(_snippet(lines[d.line - 1], d, paint, report.locate(d.path, d.line)[1]))
     if d.fix:
         out.append(f"  {paint('fix:', CYAN)} {d.fix}")
     return out
 
 
-def _snippet(source_line: str, d: Diagnostic, paint) -> list[str]:
+def _snippet(source_line: str, d: Diagnostic, paint, shown_line: int) -> list[str]:
     line = source_line.rstrip()
     start = max(d.column - 1, 0)
     if d.end_line == d.line:
@@ -108,7 +108,7 @@ def _snippet(source_line: str, d: Diagnostic, paint) -> list[str]:
     # Tabs: measure the caret offset on the tab-expanded text so it stays under the span.
     prefix = line[:start].expandtabs()
     width = len(line[:end].expandtabs()) - len(prefix)
-    gutter = f"{d.line:>5}"
+    gutter = f"{shown_line:>5}"
     return [
         f"{gutter} | {line.expandtabs()}",
         f"{' ' * len(gutter)} | {' ' * len(prefix)}{paint('^' * max(width, 1), RED)}",
@@ -127,10 +127,11 @@ class _SourceCache:
 
     def __call__(self, path: str) -> list[str] | None:
         if path not in self._cache:
-            from graphify.files import SourceError, read_source
+            from graphify.files import SourceError
+            from graphify.notebooks import load_module
 
             try:
-                self._cache[path] = _NEWLINE.split(read_source(path))
+                self._cache[path] = _NEWLINE.split(load_module(path)[0])
             except SourceError:
                 self._cache[path] = None
         return self._cache[path]

@@ -1,0 +1,188 @@
+"""Jupyter notebooks (`.ipynb`): their code cells read as one Python module, and written back.
+
+The code cells are joined in order into one module, so a loop in one cell sees the model and the
+optimizer built in another. IPython syntax that is not Python becomes `pass` on the same line
+(line magics `%x`, shell escapes `!x`, help `x?`; `y = !x` becomes `y = None`), and a cell magic
+other than a timing one (`%%bash`, `%%writefile`...) blanks its cell, so every line keeps its number.
+Cells are numbered from 1 among code cells, as ruff numbers them: `train.ipynb:cell 3:12:5`.
+
+`Notebook.with_source(new)` maps a rewrite of the joined module back onto the cells: only cells whose
+code changed are written, outputs, metadata and the other cells stay byte for byte in the JSON, and a
+change that would span two cells, or touch IPython syntax, is refused (`CellSpanError`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass
+
+from graphify.files import SourceError, read_source
+
+_TIMING_CELL_MAGICS = {"time", "timeit", "capture", "prun"}  # their body is Python and runs
+_MAGIC_LINE = re.compile(r"^(\s*)([%!?]|[^#\s].*\?\s*$)")
+_SHELL_ASSIGNMENT = re.compile(r"^(\s*[\w.\[\], ]+=\s*)[!%].*$")
+
+
+def is_notebook(path: str) -> bool:
+    return path.endswith(".ipynb")
+
+
+class CellSpanError(Exception):
+    """A rewrite that cannot be written back cell by cell; str(exc) says why."""
+
+
+@dataclass
+class Notebook:
+    text: str  # the file as read
+    data: dict  # its parsed JSON
+    cell_indexes: list[int]  # position in data["cells"] of each code cell
+    raw: list[list[str]]  # each code cell's lines as written (newline-terminated)
+    python: list[list[str]]  # the same lines with IPython syntax made Python
+    starts: list[int]  # the module line (1-based) where each code cell begins
+
+    @property
+    def source(self) -> str:
+        return "".join(line for cell in self.python for line in cell)
+
+    def cell_text(self, cell: int, lines: list[str] | None = None) -> str:
+        """Cell `cell` (from 0) as the JSON holds it: no newline added after its last line."""
+        text = "".join(self.raw[cell] if lines is None else lines)
+        source = self.data["cells"][self.cell_indexes[cell]].get("source", "")
+        original = "".join(source) if isinstance(source, list) else source
+        return text if original.endswith("\n") else text.removesuffix("\n")
+
+    def with_source(self, new_source: str) -> tuple[str, dict[int, tuple[str, str]]]:
+        """The notebook's text with the joined module replaced by `new_source`, and for each changed
+        cell (from 1) its code before and after."""
+        cells = self._split(new_source.splitlines(keepends=True))
+        changed = {}
+        data = json.loads(self.text)
+        for i, lines in enumerate(cells):
+            before, after = self.cell_text(i), self.cell_text(i, lines)
+            if before != after:
+                changed[i + 1] = (before, after)
+                cell = data["cells"][self.cell_indexes[i]]
+                cell["source"] = after.splitlines(keepends=True) if isinstance(cell.get("source"), list) else after
+        if not changed:
+            return self.text, {}
+        return _dump_like(data, self.text), changed
+
+    def _split(self, new_lines: list[str]) -> list[list[str]]:
+        old = [line for cell in self.python for line in cell]
+        owner = [i for i, cell in enumerate(self.python) for _ in cell]
+        raw = [line for cell in self.raw for line in cell]
+        cells: list[list[str]] = [[] for _ in self.python]
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new_lines, autojunk=False).get_opcodes():
+            if tag == "equal":
+                for i in range(i1, i2):
+                    cells[owner[i]].append(raw[i])
+                continue
+            touched = {owner[i] for i in range(i1, i2)}
+            if any(raw[i] != old[i] for i in range(i1, i2)):
+                raise CellSpanError(f"the rewrite would change IPython syntax in cell {owner[i1] + 1}")
+            if not touched:
+                touched = {self._insertion_cell(owner, i1, new_lines[j1:j2])}
+            if len(touched) > 1:
+                first, last = min(touched) + 1, max(touched) + 1
+                raise CellSpanError(f"the rewrite would change cells {first} to {last} together")
+            cells[touched.pop()].extend(new_lines[j1:j2])
+        for raw_cell, cell in zip(self.raw, cells):  # a cell magic stays the cell's first line
+            if raw_cell and raw_cell[0].startswith("%%") and cell and cell[0] != raw_cell[0] and raw_cell[0] in cell:
+                cell.remove(raw_cell[0])
+                cell.insert(0, raw_cell[0])
+        return cells
+
+    @staticmethod
+    def _insertion_cell(owner: list[int], at: int, inserted: list[str]) -> int:
+        """Lines inserted between two cells go with the cell after them (the loop they set up), except
+        imports, which join the cell before (where the imports are)."""
+        if not owner:
+            raise CellSpanError("the notebook has no code cell to write into")
+        if at == 0 or at == len(owner) or owner[at - 1] == owner[at]:
+            return owner[min(at, len(owner) - 1)] if at < len(owner) else owner[-1]
+        code = [line.strip() for line in inserted if line.strip()]
+        is_import = all(line.startswith(("import ", "from ")) for line in code)
+        return owner[at - 1] if is_import else owner[at]
+
+
+def read_notebook(path: str, text: str | None = None) -> Notebook:
+    """Read a notebook; SourceError (one line) when it is not a notebook or a cell is not Python."""
+    text = read_source(path) if text is None else text
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"not a Jupyter notebook: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        version = data.get("nbformat") if isinstance(data, dict) else None
+        raise SourceError(f"not a Jupyter notebook of format 4 (no `cells` list{f'; nbformat {version}' if version else ''})")
+    language = (data.get("metadata") or {}).get("language_info", {}).get("name", "python")
+    indexes = [i for i, c in enumerate(data["cells"]) if isinstance(c, dict) and c.get("cell_type") == "code"]
+    if str(language).lower() != "python":  # an R or Julia notebook: nothing of ours to check
+        indexes = []
+    raw, python, starts, line = [], [], [], 1
+    for number, index in enumerate(indexes, 1):
+        source = data["cells"][index].get("source", "")
+        code = "".join(source) if isinstance(source, list) else str(source)
+        lines = code.splitlines(keepends=True)
+        if lines and not lines[-1].endswith(("\n", "\r")):
+            lines[-1] += "\n"
+        converted = _as_python(lines)
+        _check_syntax("".join(converted), number)
+        starts.append(line)
+        line += len(lines)
+        raw.append(lines)
+        python.append(converted)
+    return Notebook(text, data, indexes, raw, python, starts)
+
+
+def _as_python(lines: list[str]) -> list[str]:
+    if not lines:
+        return []
+    if lines[0].startswith("%%"):
+        magic = lines[0][2:].split(maxsplit=1)[0] if lines[0][2:].strip() else ""
+        if magic not in _TIMING_CELL_MAGICS:
+            return ["\n"] * len(lines)
+        return ["\n", *_as_python(lines[1:])]
+    try:
+        compile("".join(lines), "<cell>", "exec", dont_inherit=True, flags=0x400)  # PyCF_ONLY_AST
+        return list(lines)
+    except (SyntaxError, ValueError):
+        pass
+    out = []
+    for line in lines:
+        if m := _SHELL_ASSIGNMENT.match(line):
+            out.append(f"{m.group(1)}None\n")
+        elif m := _MAGIC_LINE.match(line):
+            out.append(f"{m.group(1)}pass\n")
+        else:
+            out.append(line)
+    return out
+
+
+def _check_syntax(code: str, number: int) -> None:
+    try:
+        compile(code, "<cell>", "exec", dont_inherit=True, flags=0x400)
+    except SyntaxError as exc:
+        raise SourceError(f"cell {number}: syntax error at line {exc.lineno}, column {exc.offset}: {exc.msg}") from None
+    except ValueError as exc:
+        raise SourceError(f"cell {number}: {exc}") from None
+
+
+def _dump_like(data: dict, original: str) -> str:
+    """JSON in the original file's layout (indent, escaping, final newline), as nbformat writes it."""
+    second = original.splitlines()[1] if original.count("\n") else ""
+    indent = len(second) - len(second.lstrip(" ")) or None
+    ascii_only = "\\u" in original and original.isascii()
+    text = json.dumps(data, indent=indent, ensure_ascii=ascii_only, separators=(",", ": ") if indent else None)
+    return text + "\n" if original.endswith("\n") else text
+
+
+def load_module(path: str, text: str | None = None) -> tuple[str, list[int] | None]:
+    """The Python module to analyse for a path (a notebook's joined cells), and for a notebook the
+    line where each of its code cells begins; SourceError when it cannot be read."""
+    if is_notebook(path):
+        notebook = read_notebook(path, text)
+        return notebook.source, notebook.starts
+    return (read_source(path) if text is None else text), None
