@@ -28,7 +28,8 @@ from graphify.analysis.region import Block, Loop, Region, Site
 from graphify.analysis.targets import seed_loop_target
 
 MAX_CALL_DEPTH = 4
-RUNTIME_HELPERS = ("graphify.runtime.CapturedStep", "graphify.runtime.GraphedModule")  # what rewrites call
+# What rewrites call, imported from graphify.runtime, from a vendored copy, or pasted inline.
+RUNTIME_HELPERS = ("CapturedStep", "GraphedModule")
 
 
 def runtime_helper_assignments(module: ModuleInfo) -> list[tuple[str, cst.BaseExpression | None]]:
@@ -40,14 +41,14 @@ def runtime_helper_assignments(module: ModuleInfo) -> list[tuple[str, cst.BaseEx
             isinstance(n, cst.Assign)
             and isinstance(n.value, cst.Call)
             and isinstance(n.targets[0].target, cst.Name)
-            and module.aliases.qualify(n.value.func) in RUNTIME_HELPERS
+            and _is_runtime_helper(n.value.func, module)
         ):
             found.append((n.targets[0].target.value, n.value.args[0].value if n.value.args else None))
     return found
 
 
 def _is_runtime_helper(func: cst.BaseExpression, module: ModuleInfo) -> bool:
-    return module.aliases.qualify(func) in RUNTIME_HELPERS
+    return (module.aliases.qualify(func) or "").rsplit(".", 1)[-1] in RUNTIME_HELPERS
 
 
 LOOPS = (cst.For, cst.While)

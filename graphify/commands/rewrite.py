@@ -17,7 +17,22 @@ import click
 @click.option("--select", metavar="CODES", help="As for `graphify check`.")
 @click.option("--ignore", metavar="CODES", help="As for `graphify check`.")
 @click.option("--force-exclude", is_flag=True, help="Apply exclude / extend-exclude to files named on the command line too (pre-commit).")
-def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore, force_exclude) -> None:
+@click.option(
+    "--runtime",
+    type=click.Choice(["import", "inline", "vendor"]),
+    default="import",
+    show_default=True,
+    help="How rewritten files get CapturedStep: import graphify.runtime, paste it into each file, or import one copy "
+    "written for the project (--vendor-path).",
+)
+@click.option(
+    "--vendor-path",
+    type=click.Path(dir_okay=False),
+    default="graphify_runtime.py",
+    show_default=True,
+    help="With --runtime vendor: the module written (with --in-place) and imported by its name; keep it where the scripts import from.",
+)
+def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore, force_exclude, runtime, vendor_path) -> None:
     """Rewrite eligible training and inference loops of PATHS into warmup, capture and replay.
 
     Prints a unified diff and changes nothing unless --in-place is given. Loops that cannot be
@@ -27,10 +42,15 @@ def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore, 
     """
     from graphify.config import ConfigError, load_settings, split_selectors
     from graphify.files import discover
-    from graphify.commands.rewrite_files import rewrite_files
+    from graphify.commands.rewrite_files import rewrite_files, vendor_runtime
+    from graphify.rewrite.bundle import RuntimeChoice
 
     if verify and not in_place:
         raise click.UsageError("--verify only applies with --in-place")
+    vendor_module = os.path.splitext(os.path.basename(vendor_path))[0]
+    if runtime == "vendor" and not (vendor_path.endswith(".py") and vendor_module.isidentifier()):
+        raise click.UsageError(f"--vendor-path must name a Python module file (NAME.py), not {vendor_path!r}")
+    choice = RuntimeChoice(runtime, vendor_module if runtime == "vendor" else "graphify.runtime")
     paths = paths or (".",)
     try:
         settings = load_settings(paths).with_cli(split_selectors(select), split_selectors(ignore))
@@ -47,7 +67,9 @@ def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore, 
             return report.passed, report.message
 
     try:
-        run = rewrite_files(files, settings, in_place=in_place, check_only=check_only, verify=checker)
+        run = rewrite_files(files, settings, in_place=in_place, check_only=check_only, verify=checker, runtime=choice)
+        if runtime == "vendor" and (run.changed or os.path.exists(vendor_path)) and not check_only:
+            run.notes.append(vendor_runtime(vendor_path, write=in_place))
     except Exception as exc:  # a bug of ours: one line, not a traceback
         if os.environ.get("GRAPHIFY_DEBUG"):
             raise

@@ -19,6 +19,7 @@ from graphify.files import SourceError, read_source
 from graphify.model import Report, Verdict
 from graphify.notebooks import CellSpanError, is_notebook, read_notebook
 from graphify.rewrite import RewriteResult, rewrite_source
+from graphify.rewrite.bundle import RuntimeChoice, vendor_code
 
 
 @dataclass
@@ -56,6 +57,32 @@ def loop_notes(result: RewriteResult, written: bool, cell_starts: list[int] | No
 
 def unified_diff(path: str, before: str, after: str) -> str:
     return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{path}", f"b/{path}"))
+
+
+def vendor_runtime(path: str, write: bool) -> str:
+    """Write (or say it would write) the project's copy of the runtime; a copy that is current stays."""
+    code = vendor_code()
+    try:
+        with open(path, encoding="utf-8") as f:
+            current = f.read()
+    except FileNotFoundError:
+        current = None
+    except OSError as e:
+        return f"{path}: could not read the vendored runtime: {e.strerror or e}"
+    if current == code:
+        return f"{path}: the vendored runtime is current"
+    what = "wrote" if write else "would write"
+    if not write:
+        return f"{path}: {what} the vendored runtime (graphify.runtime as one module)"
+    try:
+        if current is None:
+            with open(path, "x", encoding="utf-8") as f:
+                f.write(code)
+        else:
+            write_atomically(path, code)
+    except OSError as e:
+        return f"{path}: could not write the vendored runtime: {e.strerror or e}"
+    return f"{path}: {what} the vendored runtime (graphify.runtime as one module)"
 
 
 def _ended(cell: str) -> str:
@@ -98,6 +125,7 @@ def rewrite_files(
     in_place: bool = False,
     check_only: bool = False,
     verify: Callable[[str], tuple[bool, str]] | None = None,
+    runtime: RuntimeChoice = RuntimeChoice(),
 ) -> RewriteRun:
     run = RewriteRun()
     for path in files:
@@ -108,7 +136,7 @@ def rewrite_files(
             run.errors.append(f"{path}: {e.message}")
             continue
         try:
-            result = rewrite_source(source, path, settings)
+            result = rewrite_source(source, path, settings, runtime)
         except Exception as e:  # a bug must not cost the user a traceback or a file
             run.errors.append(f"{path}: internal error while rewriting: {type(e).__name__}: {e}")
             continue

@@ -9,7 +9,8 @@ import libcst as cst
 from graphify.engine import analyze_module
 from graphify.analysis.statements import names_written
 from graphify.model import FileError, Verdict
-from graphify.rewrite.emit import CAPTURED_STEP, GRAPHED_MODULE, RUNTIME_MODULE, Emission, Rewriter
+from graphify.rewrite.bundle import RuntimeChoice, bound_runtime_names, runtime_header
+from graphify.rewrite.emit import CAPTURED_STEP, GRAPHED_MODULE, Emission, Rewriter
 from graphify.plan.names import fresh_name
 from graphify.plan import PartialPlan
 
@@ -39,26 +40,9 @@ class RewriteResult:
         return self.code != self.source
 
 
-def _runtime_imports(tree: cst.Module) -> dict[str, str]:
-    """Runtime names the file imports already: runtime name -> its name in the file."""
-    found = {}
-    for stmt in tree.body:
-        for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
-            if (
-                isinstance(small, cst.ImportFrom)
-                and small.module is not None
-                and not isinstance(small.names, cst.ImportStar)
-                and cst.Module([]).code_for_node(small.module) == RUNTIME_MODULE
-            ):
-                for alias in small.names:
-                    local = alias.asname.name.value if alias.asname else alias.name.value
-                    found[cst.Module([]).code_for_node(alias.name)] = local
-    return found
-
-
-def rewrite_source(source: str, path: str, settings=None) -> RewriteResult:
-    """Rewrite every eligible loop of one file. Never raises for bad input; never returns code that
-    does not parse."""
+def rewrite_source(source: str, path: str, settings=None, runtime: RuntimeChoice = RuntimeChoice()) -> RewriteResult:
+    """Rewrite every eligible loop of one file, bringing the runtime in as `runtime` says. Never raises
+    for bad input; never returns code that does not parse."""
     if settings is None:
         from graphify.config import Settings
 
@@ -90,13 +74,14 @@ def rewrite_source(source: str, path: str, settings=None) -> RewriteResult:
         outcome.rewritten, outcome.step_name = True, step_name
     if not emissions:
         return out
-    names, imports = _runtime_imports(tree), []
+    names, new = bound_runtime_names(tree), []
     for partial, class_name in ((False, CAPTURED_STEP), (True, GRAPHED_MODULE)):
-        if class_name in names or not any(isinstance(e.plan, PartialPlan) == partial for e in emissions):
+        needed = runtime.mode == "inline" or any(isinstance(e.plan, PartialPlan) == partial for e in emissions)
+        if class_name in names or not needed:
             continue
         names[class_name] = class_name if class_name not in taken else fresh_name(class_name, taken)
-        imports.append(class_name if names[class_name] == class_name else f"{class_name} as {names[class_name]}")
-    new_tree = tree.visit(Rewriter(emissions, names, imports))
+        new.append(class_name)
+    new_tree = tree.visit(Rewriter(emissions, names, runtime_header(runtime, names, new)))
     code = new_tree.code
     try:
         compile(code, path, "exec")

@@ -9,7 +9,6 @@ import libcst as cst
 
 from graphify.plan import PartialPlan, Plan
 
-RUNTIME_MODULE = "graphify.runtime"
 CAPTURED_STEP, GRAPHED_MODULE = "CapturedStep", "GraphedModule"
 
 _EMPTY = cst.Module([])
@@ -44,10 +43,11 @@ def _with_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
 
 
 class Rewriter(cst.CSTTransformer):
-    def __init__(self, emissions: list[Emission], helper_names: dict[str, str], imports: list[str]) -> None:
-        """helper_names: runtime class name -> its name in this file; imports: names to import from the runtime."""
+    def __init__(self, emissions: list[Emission], helper_names: dict[str, str], header: list[cst.BaseStatement]) -> None:
+        """helper_names: runtime class name -> its name in this file; header: the statements that bring
+        the runtime in (an import, or the pasted runtime), placed after the file's imports."""
         self.helper_name = helper_names.get(CAPTURED_STEP, CAPTURED_STEP)
-        self.imports = imports
+        self.header = header
         self.by_loop = {id(e.plan.loop.node): e for e in emissions if isinstance(e.plan, Plan)}
         self.call_edits: dict[int, tuple[str, str]] = {}
         self.renames: dict[int, str] = {}  # model call -> the graphed module it now calls
@@ -173,8 +173,8 @@ class Rewriter(cst.CSTTransformer):
         body = list(updated.body)
         if any(id(c) in self.defs for c in original.body):
             body = self._insert_defs(original.body, body)
-        if self.imports:
-            body.insert(_after_imports(body), cst.parse_statement(f"from {RUNTIME_MODULE} import {', '.join(self.imports)}\n"))
+        at = _after_imports(body)
+        body[at:at] = self.header
         return updated.with_changes(body=body)
 
 

@@ -1,0 +1,111 @@
+"""`rewrite --runtime import|inline|vendor`: how a rewritten file gets CapturedStep. The default adds one
+import; `inline` pastes the runtime (with its version) into the file; `vendor` imports one copy written
+for the project. Rewritten files are recognised by the statements that bind the runtime, whichever
+way it came, and the inline and vendored rewrites run where graphify is not installed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from click.testing import CliRunner
+from fixture_cases import CHECK
+
+import graphify.cli as cli
+from graphify.config import Settings
+from graphify.rewrite import rewrite_source
+from graphify.rewrite.bundle import RuntimeChoice, bundle_names, runtime_version, vendor_code
+
+SCRIPT = CHECK / "mnist_main_function.py"
+
+
+def run(*args):
+    return CliRunner().invoke(cli.cli, list(args))
+
+
+def rewrite(source: str, mode: str, module: str = "graphify.runtime"):
+    return rewrite_source(source, "train.py", Settings(), RuntimeChoice(mode, module))
+
+
+def test_vendored_module_has_the_public_runtime():
+    names = bundle_names()
+    assert {"CapturedStep", "GraphedModule", "GraphifyFallbackWarning", "copy_outputs"} <= names
+    code = vendor_code()
+    assert code.startswith(f'"""graphify runtime {runtime_version()}, written by')
+    assert "graphify." not in code.replace("graphify.runtime as one module", "")  # imports nothing of graphify
+    cst.parse_module(code)
+
+
+def test_inline_pastes_the_runtime_once_and_changes_nothing_else():
+    source = SCRIPT.read_text()
+    imported, inline = rewrite(source, "import").code, rewrite(source, "inline").code
+    version = runtime_version()
+    begin = inline.index(f"# --- graphify runtime {version}: pasted by")
+    end = inline.index(f"# --- end of graphify runtime {version} ---\n") + len(f"# --- end of graphify runtime {version} ---\n")
+    assert inline[begin - 2 : begin] == "\n\n"  # one blank line sets the paste apart
+    assert imported.replace("from graphify.runtime import CapturedStep\n", "") == inline[: begin - 1] + inline[end:]
+    assert "from graphify" not in inline
+    again = rewrite(inline, "inline")
+    assert again.code == inline and not any(o.rewritten for o in again.outcomes)
+    # the file after the rewrite passes `rewrite --check`: its loops are recognised as captured
+    assert not any(o.rewritten for o in rewrite(inline, "import").outcomes)
+
+
+def test_vendor_imports_from_the_named_module():
+    code = rewrite(SCRIPT.read_text(), "vendor", "project_runtime").code
+    assert "from project_runtime import CapturedStep\n" in code and "graphify.runtime" not in code
+    assert not any(o.rewritten for o in rewrite(code, "vendor", "project_runtime").outcomes)
+
+
+def test_vendor_cli_writes_once_and_updates_a_stale_copy(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(SCRIPT.read_text())
+    dry = run("rewrite", "--runtime", "vendor", "train.py")
+    assert "graphify_runtime.py: would write the vendored runtime" in dry.stderr
+    assert not (tmp_path / "graphify_runtime.py").exists()
+    wet = run("rewrite", "--runtime", "vendor", "--in-place", "train.py")
+    assert wet.exit_code == 1 and "graphify_runtime.py: wrote the vendored runtime" in wet.stderr
+    assert (tmp_path / "graphify_runtime.py").read_text() == vendor_code()
+    assert run("rewrite", "--runtime", "vendor", "--check", "train.py").exit_code == 0
+    (tmp_path / "graphify_runtime.py").write_text('"""graphify runtime 1 ..."""\n')
+    again = run("rewrite", "--runtime", "vendor", "--in-place", "train.py")
+    assert "graphify_runtime.py: wrote the vendored runtime" in again.stderr
+    assert (tmp_path / "graphify_runtime.py").read_text() == vendor_code()
+
+
+@pytest.mark.parametrize("path", ["runtime.txt", "my-runtime.py", "pkg/"])
+def test_vendor_path_must_be_a_module_file(tmp_path, monkeypatch, path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(SCRIPT.read_text())
+    result = run("rewrite", "--runtime", "vendor", "--vendor-path", path, "train.py")
+    assert result.exit_code == 2 and "--vendor-path must name a Python module file" in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["inline", "vendor"])
+def test_rewrite_runs_without_graphify_installed(tmp_path, mode):
+    """graphify made unimportable: the rewritten script still runs, and prints what the original does (CPU)."""
+    (tmp_path / "train.py").write_text(SCRIPT.read_text())
+    (tmp_path / "rewritten").mkdir()
+    target = tmp_path / "rewritten" / "train.py"
+    target.write_text(SCRIPT.read_text())
+    result = subprocess.run(
+        [sys.executable, "-m", "graphify", "rewrite", "--in-place", "--runtime", mode, "train.py"],
+        cwd=target.parent,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1, result.stderr
+    blocked = "import sys; sys.modules['graphify'] = None; sys.argv = ['train.py', '--epochs', '1']; exec(open('train.py').read())"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    outputs = [
+        subprocess.run([sys.executable, "-c", blocked], cwd=folder, capture_output=True, text=True, env=env, timeout=300)
+        for folder in (tmp_path, target.parent)
+    ]
+    assert outputs[1].returncode == 0, outputs[1].stderr[-2000:]
+    assert outputs[0].stdout == outputs[1].stdout
+    assert Path(target.parent / "graphify_runtime.py").exists() == (mode == "vendor")
