@@ -1,7 +1,8 @@
-"""Generate docs/rules/ from the rule registry and graphify/rules/docs/.
+"""Generate the rule pages for publishing from the rule registry and graphify/rules/docs/ (the sources,
+kept in git beside the rules; the generated pages are not).
 
-python -m graphify.docgen           write docs/rules/<CODE>.md and docs/rules/README.md
-python -m graphify.docgen --check   exit 1 if any of them is missing, stale or extra
+python -m graphify.docgen [DIR]           write DIR/<CODE>.md and DIR/README.md (the index; DIR: docs/rules)
+python -m graphify.docgen --check [DIR]   exit 1 if any of them is missing, stale or extra
 """
 
 from __future__ import annotations
@@ -63,16 +64,19 @@ def write(out_dir: Path = OUT_DIR) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--check"]:
-        bad = outdated()
-        for name in bad:
-            print(f"docs/rules/{name} is out of date; run `python -m graphify.docgen`", file=sys.stderr)
-        return 1 if bad else 0
-    if argv:
-        print("usage: python -m graphify.docgen [--check]", file=sys.stderr)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    check = argv[:1] == ["--check"]
+    folders = argv[1:] if check else argv
+    if len(folders) > 1 or any(f.startswith("-") for f in folders):
+        print("usage: python -m graphify.docgen [--check] [DIR]", file=sys.stderr)
         return 2
-    write()
+    out_dir = Path(folders[0]) if folders else OUT_DIR
+    if check:
+        bad = outdated(out_dir)
+        for name in bad:
+            print(f"{out_dir / name} is out of date; run `python -m graphify.docgen {out_dir}`", file=sys.stderr)
+        return 1 if bad else 0
+    write(out_dir)
     return 0
 
 

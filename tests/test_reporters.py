@@ -164,7 +164,7 @@ def test_sarif_structure():
     rules = run["tool"]["driver"]["rules"]
     assert [r["id"] for r in rules] == ["GFY001", "GFY008", "GFY402"]
     assert rules[0]["fullDescription"]["text"].startswith("# GFY001")
-    assert rules[0]["helpUri"] == rule_url("GFY001") and rules[0]["helpUri"].endswith("/docs/rules/GFY001.md")
+    assert rules[0]["helpUri"] == rule_url("GFY001") and rules[0]["helpUri"].endswith("/graphify/rules/docs/GFY001.md")
     assert rules[2]["defaultConfiguration"] == {"level": "warning"}
     for result in run["results"]:
         assert rules[result["ruleIndex"]]["id"] == result["ruleId"]

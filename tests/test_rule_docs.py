@@ -1,4 +1,4 @@
-"""Every registered rule has a complete doc, and docs/rules/ is generated from them."""
+"""Every registered rule has a complete doc, and the published pages are generated from them."""
 
 import re
 from pathlib import Path
@@ -50,8 +50,17 @@ def test_rule_doc(rule):
         compile(block, f"{rule.code}.md", "exec")
 
 
-def test_generated_docs_up_to_date():
-    assert docgen.outdated() == [], "run `python -m graphify.docgen`"
+def test_generated_pages(tmp_path):
+    out = tmp_path / "rules"
+    (out.parent / "rules").mkdir()
+    (out / "GFY999.md").write_text("a page of a rule that is gone")
+    assert docgen.main(["--check", str(out)]) == 1
+    assert docgen.main([str(out)]) == 0
+    assert docgen.outdated(out) == [] and docgen.main(["--check", str(out)]) == 0
+    assert sorted(p.stem for p in out.glob("GFY*.md")) == [r.code for r in RULES]
+    index = (out / "README.md").read_text()
+    assert all(f"| [{r.code}]({r.code}.md) | {r.name} |" in index for r in RULES)
+    assert (out / "GFY001.md").read_text().endswith(rule_doc("GFY001"))
 
 
 # ---- each doc's examples are its test cases ------------------------------------------------------

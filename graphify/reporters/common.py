@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from graphify.model import Diagnostic, LoopReport, Report
 
-# Where a rule's documentation is published (docs/rules/CODE.md in the repository).
+# Where a rule's documentation lives in the repository (its source, beside the rule).
 REPOSITORY_URL = "https://github.com/graphify/graphify"
-RULE_DOC_URL = REPOSITORY_URL + "/blob/main/docs/rules/{code}.md"
+RULE_DOC_URL = REPOSITORY_URL + "/blob/main/graphify/rules/docs/{code}.md"
 
 
 def rule_url(code: str) -> str:
