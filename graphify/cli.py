@@ -21,7 +21,7 @@ from graphify.reporters import FORMATS
 
 if TYPE_CHECKING:  # pragma: no cover
     from graphify.config import Settings
-    from graphify.model import Report
+    from graphify.model import FileError, Report
 
 # Files up to this many are analysed in this process: a pool's start-up would dominate.
 PARALLEL_THRESHOLD = 8
@@ -132,7 +132,7 @@ class Output:
 
 
 def _check(paths, settings, fmt, exit_zero, statistics, jobs, force_exclude, output, stdin_filename=None) -> int:
-    from graphify.files import discover
+    from graphify.files import discover, named_files
     from graphify.model import Report
     from graphify.reporters import render
 
@@ -146,6 +146,7 @@ def _check(paths, settings, fmt, exit_zero, statistics, jobs, force_exclude, out
             _fail(f"internal error: the analysis engine cannot be imported ({exc})")
         if files:
             report.extend(analyze_files(files, settings, analyzer, jobs))
+            report.errors.extend(_syntax_errors(named_files(paths), report))
         if stdin:
             report.extend(analyze_file(stdin_filename or "-", settings, analyzer, text=sys.stdin.read()))
     report.errors.sort(key=lambda e: e.path)
@@ -156,6 +157,24 @@ def _check(paths, settings, fmt, exit_zero, statistics, jobs, force_exclude, out
     if report.errors:
         return 2
     return 1 if report.diagnostics and not exit_zero else 0
+
+
+def _syntax_errors(named: set[str], report: Report) -> list[FileError]:
+    """Files named on the command line that the analysis skipped unparsed (no training marker in
+    them), when Python would not run them."""
+    from graphify.files import SourceError, python_syntax_error, read_source
+    from graphify.model import FileError
+
+    seen = {d.path for d in report.diagnostics} | {lp.path for lp in report.loops} | {e.path for e in report.errors}
+    found = []
+    for path in sorted(named - seen):
+        try:
+            message = python_syntax_error(read_source(path), path)
+        except SourceError:
+            continue  # reported when it was read
+        if message:
+            found.append(FileError(path, message))
+    return found
 
 
 def error_line(path: str, message: str) -> str:

@@ -12,6 +12,7 @@ from graphify.analysis.region import Loop
 from graphify.analysis.prefilter import might_hold_loops
 from graphify.analysis.program import ModuleInfo, Program
 from graphify.analysis.tree import forget
+from graphify.files import python_syntax_error
 from graphify.model import Diagnostic, FileError, LoopReport, Report, Verdict
 from graphify.plan import PARTIAL_OK, PartialPlan, Plan, Refusal, make_partial_plan, make_plan
 from graphify.rules.rewrite_safety import FIXES
@@ -96,12 +97,9 @@ def _module_of(loop: Loop, node: cst.CSTNode) -> ModuleInfo:
 
 def _syntax_error(source: str, path: str, error: cst.ParserSyntaxError) -> str:
     """Python's own message and position ("'(' was never closed"), or libcst's when Python accepts the code."""
-    try:
-        compile(source, path, "exec", dont_inherit=True)
-    except SyntaxError as py:
-        return f"syntax error at line {py.lineno}, column {py.offset}: {py.msg}"
-    except ValueError:  # null bytes
-        pass
+    python = python_syntax_error(source, path)
+    if python and python.startswith("syntax error"):
+        return python
     return f"syntax error at line {error.raw_line}, column {error.raw_column + 1}: {error.message}"
 
 

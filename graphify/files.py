@@ -62,6 +62,23 @@ def read_source(path: str) -> str:
     return decode_source(data)
 
 
+def python_syntax_error(source: str, path: str) -> str | None:
+    """Python's own message and position when the source does not compile ("'(' was never closed")."""
+    try:
+        compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"syntax error at line {exc.lineno}, column {exc.offset}: {exc.msg}"
+    except ValueError as exc:  # null bytes
+        return str(exc)
+    return None
+
+
+def named_files(paths: Sequence[str]) -> set[str]:
+    """The paths given as files (not found in a folder): these are parsed even when no loop could be in
+    them, so that their syntax errors are reported (folders skip files without training markers unparsed)."""
+    return {p for p in paths if os.path.isfile(p) and not p.endswith(".ipynb")}
+
+
 def decode_source(data: bytes) -> str:
     lines = iter(data.splitlines(keepends=True)[:2])
     try:

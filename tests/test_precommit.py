@@ -14,6 +14,7 @@ Slow (~20-40 s: a virtualenv and a pip install) but part of the default run.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,7 +54,7 @@ def git(*args, cwd):
 
 
 def hook_repo(tmp: Path) -> tuple[Path, str]:
-    """A git repository holding the current working tree (committed or not), and its HEAD."""
+    """A git repository holding the current working tree (committed or not), tagged as a release, and its tag."""
     dest = tmp / "graphify-hook"
     keep = ["graphify", "pyproject.toml", "README.md", ".pre-commit-hooks.yaml"]
     for name in keep:
@@ -65,8 +66,10 @@ def hook_repo(tmp: Path) -> tuple[Path, str]:
     git("init", "-q", cwd=dest)
     git("add", "-A", cwd=dest)
     git("commit", "-q", "-m", "hook", cwd=dest)
-    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=dest, check=True, capture_output=True, text=True).stdout.strip()
-    return dest, rev
+    # hooks are used from a tagged release: the tag of the version in pyproject.toml
+    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), flags=re.M).group(1)
+    git("tag", "-a", f"v{version}", "-m", f"graphify {version}", cwd=dest)
+    return dest, f"v{version}"
 
 
 @pytest.fixture(scope="module")

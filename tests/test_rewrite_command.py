@@ -31,3 +31,15 @@ def test_a_read_only_file_is_left_alone_with_one_line(tmp_path):
     assert path.read_text() == before and stat.S_IMODE(path.stat().st_mode) == 0o444
     assert "could not write: the file is read-only" in result.stderr
     assert not list(tmp_path.glob(".graphify-*"))  # no temporary file left behind
+
+
+def test_a_named_file_with_a_syntax_error_is_reported_even_without_a_loop(tmp_path):
+    """Files named on the command line are parsed even when nothing in them could train; a folder walk
+    leaves such files unparsed (they cannot hold a loop to check or rewrite)."""
+    bad = tmp_path / "utils.py"
+    bad.write_text("def helper(:\n    return 1\n")
+    for command in ("check", "rewrite"):
+        result = CliRunner().invoke(cli.cli, [command, str(bad)])
+        assert result.exit_code == 2, result.output
+        assert f"graphify: {bad}: syntax error at line 1, column 12: invalid syntax" in result.stderr
+    assert CliRunner().invoke(cli.cli, ["check", str(tmp_path)]).exit_code == 0

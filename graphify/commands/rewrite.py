@@ -41,7 +41,7 @@ def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore, 
     2 usage error or a file that could not be read or rewritten.
     """
     from graphify.config import ConfigError, load_settings, split_selectors
-    from graphify.files import discover
+    from graphify.files import discover, named_files
     from graphify.commands.rewrite_files import rewrite_files, vendor_runtime
     from graphify.rewrite.bundle import RuntimeChoice
 
@@ -67,7 +67,9 @@ def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore, 
             return report.passed, report.message
 
     try:
-        run = rewrite_files(files, settings, in_place=in_place, check_only=check_only, verify=checker, runtime=choice)
+        run = rewrite_files(
+            files, settings, in_place=in_place, check_only=check_only, verify=checker, runtime=choice, named=named_files(paths)
+        )
         if runtime == "vendor" and (run.changed or os.path.exists(vendor_path)) and not check_only:
             run.notes.append(vendor_runtime(vendor_path, write=in_place))
     except Exception as exc:  # a bug of ours: one line, not a traceback

@@ -15,7 +15,7 @@ import tokenize
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from graphify.files import SourceError, read_source
+from graphify.files import SourceError, python_syntax_error, read_source
 from graphify.model import Report, Verdict
 from graphify.notebooks import CellSpanError, is_notebook, read_notebook
 from graphify.rewrite import RewriteResult, rewrite_source
@@ -126,7 +126,10 @@ def rewrite_files(
     check_only: bool = False,
     verify: Callable[[str], tuple[bool, str]] | None = None,
     runtime: RuntimeChoice = RuntimeChoice(),
+    named: set[str] = frozenset(),
 ) -> RewriteRun:
+    """`named`: files given on the command line, whose syntax errors are reported even when no loop could
+    be in them."""
     run = RewriteRun()
     for path in files:
         try:
@@ -141,6 +144,8 @@ def rewrite_files(
             run.errors.append(f"{path}: internal error while rewriting: {type(e).__name__}: {e}")
             continue
         run.errors.extend(f"{err.path}: {err.message}" for err in result.errors)
+        if path in named and not result.outcomes and not result.errors and (error := python_syntax_error(source, path)):
+            run.errors.append(f"{path}: {error}")
         starts = notebook.starts if notebook else None
         text, diff = result.code, ""
         if result.changed and notebook:
