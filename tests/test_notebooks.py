@@ -172,6 +172,19 @@ def test_verify_refuses_notebooks(tmp_path):
     assert result.exit_code == 2 and "export the notebook first" in result.stderr
 
 
+@pytest.mark.cuda
+def test_rewritten_notebook_captures_on_the_gpu():
+    """The rewritten notebook's cells, run top to bottom on CUDA: both loops capture (no fallback)."""
+    probe = (
+        "import sys, torch\nfrom graphify.notebooks import read_notebook\n"
+        "exec(compile(read_notebook(sys.argv[1]).source, sys.argv[1], 'exec'), globals())\n"
+        "assert device.type == 'cuda' and train_one_epoch is not None\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, str(REWRITTEN)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "GraphifyFallbackWarning" not in done.stderr and "accuracy" in done.stdout, done.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_rewritten_notebook_trains_the_same_on_cpu():
     """Both notebooks' code, run top to bottom as a kernel would: the same parameters, bit for bit."""

@@ -109,3 +109,23 @@ def test_rewrite_runs_without_graphify_installed(tmp_path, mode):
     assert outputs[1].returncode == 0, outputs[1].stderr[-2000:]
     assert outputs[0].stdout == outputs[1].stdout
     assert Path(target.parent / "graphify_runtime.py").exists() == (mode == "vendor")
+
+
+@pytest.mark.cuda
+def test_inline_and_vendored_rewrites_capture_on_the_gpu(tmp_path):
+    """On CUDA the pasted and vendored runtimes capture (no fallback warning), graphify unimportable, and
+    print exactly what the default rewrite prints: the same graphs replayed."""
+    outputs = {}
+    for mode in ("import", "inline", "vendor"):
+        folder = tmp_path / mode
+        folder.mkdir()
+        (folder / "train.py").write_text(SCRIPT.read_text())
+        cmd = [sys.executable, "-m", "graphify", "rewrite", "--in-place", "--runtime", mode, "train.py"]
+        assert subprocess.run(cmd, cwd=folder, capture_output=True, text=True).returncode == 1
+        block = "sys.modules['graphify'] = None; " if mode != "import" else ""
+        probe = f"import sys; {block}sys.argv = ['train.py', '--epochs', '2']; exec(open('train.py').read())"
+        done = subprocess.run([sys.executable, "-c", probe], cwd=folder, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "GraphifyFallbackWarning" not in done.stderr, done.stderr[-2000:]
+        outputs[mode] = done.stdout
+    assert outputs["inline"] == outputs["import"] == outputs["vendor"]

@@ -59,6 +59,8 @@ class Plan:
     keys: list[int] = field(default_factory=list)  # body indexes of keyed ifs
     device: cst.BaseExpression | None = None  # where host inputs go, for `.to(device)` inside the step
     zero_grads: list[cst.Call] = field(default_factory=list)
+    # `torch.zeros(...).to(device)` in the step -> the `device=` its factory takes instead (by id of the copy)
+    device_factories: dict[int, str] = field(default_factory=dict)
     # `correct += (model(x).argmax(1) == y).sum().item()`: the tensor is computed in the graph,
     # the host read runs after the replay. index -> (captured statement, host statement)
     hoisted: dict[int, tuple[cst.BaseStatement, cst.BaseStatement]] = field(default_factory=dict)

@@ -46,6 +46,7 @@ from graphify.plan.base import (
 )
 from graphify.plan.inputs import find_inputs_outputs, is_shape_value
 from graphify.plan.names import fresh_name
+from graphify.rules.devices import HOST_TENSOR_COPY, device_for_factory
 from graphify.rules.rewrite_safety import (
     HOST_BRANCH_IN_STEP,
     LOOP_SHAPE,
@@ -85,6 +86,9 @@ def make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode) -> Pl
     _pull_in_zero_grad(plan, body, env)
     dataflow.check_captured_code(plan, body, refuse)
     _check_breakers(plan, findings, body)
+    plan.device_factories = {
+        id(f.node): device_for_factory(f.node, f.module.aliases) for f in findings if f.rule is HOST_TENSOR_COPY and removable(f)
+    }
     find_inputs_outputs(plan, body, env, enclosing)
     dataflow.check_loop_mutations(plan, body, refuse)
     for i in sorted(plan.after):
@@ -296,6 +300,8 @@ def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStat
     captured = [body[i] for i in plan.graph]
     for f in findings:
         if (f.rule.code in FIXED_IN_PLACE and removable(f)) or id(f.node) in plan.hoisted_reads:
+            continue
+        if f.rule is HOST_TENSOR_COPY and removable(f):  # its factory gets `device=` (plan.device_factories)
             continue
         anchor = body_node_of(plan, f.node)
         if not removable(f):

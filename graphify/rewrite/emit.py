@@ -50,6 +50,7 @@ class Rewriter(cst.CSTTransformer):
         self.header = header
         self.by_loop = {id(e.plan.loop.node): e for e in emissions if isinstance(e.plan, Plan)}
         self.call_edits: dict[int, tuple[str, str]] = {}
+        self.device_factories = {k: v for e in emissions if isinstance(e.plan, Plan) for k, v in e.plan.device_factories.items()}
         self.renames: dict[int, str] = {}  # model call -> the graphed module it now calls
         self.defs: dict[int, list[cst.BaseStatement]] = {}
         for e in emissions:
@@ -77,6 +78,8 @@ class Rewriter(cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         if id(original) in self.renames:
             return updated.with_changes(func=cst.Name(self.renames[id(original)]))
+        if id(original) in self.device_factories:  # `torch.zeros(n).to(device)` -> `torch.zeros(n, device=device)`
+            return _with_kwarg(updated.func.value, "device", self.device_factories[id(original)])
         edit = self.call_edits.get(id(original))
         return _with_kwarg(updated, *edit) if edit else updated
 

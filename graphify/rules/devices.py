@@ -23,7 +23,7 @@ HOST_TENSOR_COPY = rule(
     "cross-device",
     "error",
     "a tensor created on the host inside the step is copied to the device",
-    False,
+    True,
 )
 
 RULES = (STEP_INPUT_COPY, HOST_TENSOR_COPY)
@@ -55,6 +55,32 @@ def _host_factory(expr, env, step_values, depth=0):
         return qual.startswith("torch.") and qual.rsplit(".", 1)[-1] in _HOST_FACTORIES and kwarg(expr, "device") is None
     name = dotted(expr)
     return bool(name) and any(_host_factory(v, env, step_values, depth + 1) for v in step_values.get(name, []))
+
+
+# Factories whose tensor is the same made on the host or on the device (random ones draw from another generator).
+_SAME_ON_DEVICE = {"zeros", "ones", "full", "empty", "eye"}
+
+
+def device_for_factory(call: cst.Call, env) -> str | None:
+    """For `torch.zeros(...).to(device)` or `.cuda()`, written in the file being rewritten: the `device=`
+    that makes the factory build the same tensor on the device (`device`, `"cuda"`). None when that would
+    not be the same (a random factory, a name bound to a factory, `.to` with a dtype or other arguments)."""
+    m = method_call(call)
+    if m is None or not isinstance(m[0], cst.Call):
+        return None
+    factory, method = m
+    qual = env.qualify(factory.func) or ""
+    if not qual.startswith("torch.") or qual.rsplit(".", 1)[-1] not in _SAME_ON_DEVICE or kwarg(factory, "device") is not None:
+        return None
+    extra = [a for a in call.args if not (a.keyword is not None and a.keyword.value == "non_blocking")]
+    if method == "cuda":
+        return '"cuda"' if not extra else None
+    if method != "to" or len(extra) != 1 or (extra[0].keyword is not None and extra[0].keyword.value != "device"):
+        return None
+    device = extra[0].value
+    if not is_device_arg(device, env) or is_cpu_arg(device, env):
+        return None
+    return cst.Module([]).code_for_node(device)
 
 
 def legacy_tensor_type(expr, env, cuda: bool = False, depth: int = 0) -> bool:
@@ -101,12 +127,14 @@ def check(ck):
         receiver = call.func.value
         values = step_values if site.block is ck.region.body_block else site.block.env.scope.values
         if _host_factory(receiver, env, values):
+            in_file = site.block.module is ck.loop.module  # the rewrite edits the loop's own file only
             yield ck.finding(
                 HOST_TENSOR_COPY,
                 call,
                 site,
                 f"`{code_of(call)}` creates a tensor on the host and copies it every step",
                 "create it directly on the device (`device=`), or once before the loop",
+                removable=in_file and device_for_factory(call, env) is not None,
             )
         else:
             yield ck.finding(
