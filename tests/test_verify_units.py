@@ -298,3 +298,35 @@ def test_a_loop_that_stops_within_warmup_and_capture_is_not_timed():
     r.original.data["times"] = [0.003 * k for k in range(8)]
     r.rewrite.data["times"] = [0.0, 0.01, 0.02, 0.03, 0.08, 0.081, 0.082, 0.083]
     assert math.isclose(r.speedup, 3.0)
+
+
+def test_a_step_the_runtime_left_eager_is_reported_as_such():
+    """A failed capture leaves the step eager with a warning: the verdict gives that reason, not unstable shapes."""
+    from graphify.verify.report import VerifyReport, speed_verdict
+    from graphify.verify.runner import RunResult
+
+    r = VerifyReport("train.py", 20)
+    r.original = RunResult("original", 0, data={"on_cuda": True, "times": [0.003 * k for k in range(20)]})
+    warning = "graphify: `train_step` runs eagerly: capture failed (CallOperationError: einx)"
+    r.rewrite = RunResult(
+        "rewrite",
+        0,
+        data={"graphs": 0, "fallbacks": [warning], "times": [0.003 * k for k in range(20)], "profile": {"graph_launches_per_step": 0}},
+    )
+    assert speed_verdict(r) == (
+        "the runtime ran the step eagerly (`train_step` runs eagerly: capture failed (CallOperationError: einx)), so it cannot be faster where it did"
+    )
+
+
+def test_the_child_records_fallback_warnings(monkeypatch):
+    import warnings
+
+    from graphify.runtime import GraphifyFallbackWarning
+    from graphify.verify import child
+
+    monkeypatch.setattr(child, "_FALLBACKS", [])
+    monkeypatch.setattr(warnings, "showwarning", lambda *a, **k: None)
+    child._record_fallbacks()
+    warnings.warn("graphify: `step` runs eagerly: capture failed", GraphifyFallbackWarning, stacklevel=1)
+    warnings.warn("something else", UserWarning, stacklevel=1)
+    assert child._FALLBACKS == ["graphify: `step` runs eagerly: capture failed"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-VARIANT_ORDER = ("eager", "graphify", "hand", "compile-model", "compile-step")
+VARIANT_ORDER = ("eager", "graphify", "hand", "compile-model", "compile-step", "compile-default", "graphify-compile")
 
 
 def _variants(data) -> list[str]:

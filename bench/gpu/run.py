@@ -63,8 +63,8 @@ from bench.workloads import (  # noqa: E402
     workload_path,
 )
 
-VARIANTS = ("eager", "graphify", "hand", "compile-model", "compile-step")
-COMPILE_VARIANTS = ("compile-model", "compile-step")
+VARIANTS = ("eager", "graphify", "hand", "compile-model", "compile-step", "compile-default", "graphify-compile")
+COMPILE_VARIANTS = ("compile-model", "compile-step", "compile-default", "graphify-compile")
 
 #: (n1, n2) steps per workload. ms/step is measured over the n2 - n1 extra steps, so n2 - n1 is
 #: chosen large enough that even graph replays (30-40 microseconds a step on tiny, where 600 steps
@@ -94,6 +94,9 @@ VARIANT_DOC = {
     "compile-model": '`train()` given `torch.compile(model, mode="reduce-overhead")`',
     "compile-step": '`torch.compile(step, mode="reduce-overhead")` of forward + backward + `optimizer.step()` '
     "(tensor LR when there is a scheduler, as in PyTorch's compiled-optimizer recipe)",
+    "compile-default": "`train()` given `torch.compile(model)` (default mode: fused kernels, no CUDA graphs)",
+    "graphify-compile": "the graphify rewrite of `train()` given `torch.compile(model)`: the whole step (compiled forward "
+    "and backward, optimizer) captured after compile's own warmup",
 }
 
 
@@ -240,6 +243,20 @@ def _make_runner(module, variant: str, name: str, device, save_dir: Path):
             compiled = torch.compile(w["model"], mode="reduce-overhead")
             module.train(compiled, w["optimizer"], w["scheduler"], w["loss_fn"], w["batches"], steps)
 
+    elif variant == "compile-default":
+
+        def run(w, steps):
+            model, optimizer, scheduler, loss_fn, batches = _train_args(w)
+            module.train(torch.compile(model), optimizer, scheduler, loss_fn, batches, steps)
+
+    elif variant == "graphify-compile":
+        rewritten, notes = _graphify_module(name, save_dir)
+        build = getattr(rewritten, "build", module.build)
+
+        def run(w, steps):
+            model, optimizer, scheduler, loss_fn, batches = _train_args(w)
+            rewritten.train(torch.compile(model), optimizer, scheduler, loss_fn, batches, steps)
+
     elif variant == "compile-step":
 
         def run(w, steps):
@@ -325,7 +342,14 @@ def measure(name, variant, n1, n2, repeats, force_cpu, save_dir, compile_reset=F
         del w
         return elapsed, peak
 
-    t_first, peak_first = one_call(n1)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:  # a graph variant that ran eagerly must say so
+        warnings.simplefilter("always")
+        t_first, peak_first = one_call(n1)
+    fallbacks = sorted({str(w.message) for w in caught if type(w.message).__name__ == "GraphifyFallbackWarning"})
+    if fallbacks:
+        notes = notes + [f"fell back to eager: {m}" for m in fallbacks]
     pairs = []
     peaks = [peak_first]
     for r in range(repeats):

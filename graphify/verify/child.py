@@ -28,6 +28,7 @@ import sys
 import time
 import traceback
 import types
+import warnings
 
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch", "cuGraphLaunch")
 PROFILED_STEPS = 5
@@ -121,6 +122,7 @@ class Recorder:
             "precision": _precision(torch, params),  # so does this
             "peak_memory": torch.cuda.max_memory_allocated() if cuda else None,
             "graphs": _captured_graphs(),
+            "fallbacks": _FALLBACKS[:5],
             "entries": self.entries,
             "lrs": self.lrs,
         }
@@ -214,6 +216,7 @@ def _summarize(events, window_s: float, steps: int) -> dict:
 
 
 _CAPTURES: list[int] = []
+_FALLBACKS: list[str] = []  # GraphifyFallbackWarning messages, in order
 
 
 def _count_captures(torch) -> None:
@@ -223,10 +226,23 @@ def _count_captures(torch) -> None:
     capture_end = torch.cuda.CUDAGraph.capture_end
 
     def counted(self, *args, **kwargs):
-        _CAPTURES.append(1)
-        return capture_end(self, *args, **kwargs)
+        result = capture_end(self, *args, **kwargs)
+        _CAPTURES.append(1)  # a capture that failed is no graph
+        return result
 
     torch.cuda.CUDAGraph.capture_end = counted
+
+
+def _record_fallbacks() -> None:
+    """Keep the runtime's fallback warnings (a step left eager, and why), still shown as usual."""
+    show = warnings.showwarning
+
+    def recorded(message, category, *args, **kwargs):
+        if category.__name__ == "GraphifyFallbackWarning":
+            _FALLBACKS.append(str(message))
+        return show(message, category, *args, **kwargs)
+
+    warnings.showwarning = recorded
 
 
 def _captured_graphs() -> int | None:
@@ -316,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     _same_arithmetic(torch)
     _record_autocast(torch)
     _count_captures(torch)
+    _record_fallbacks()
     global _cuda_seen
     _cuda_seen = torch.cuda.is_available()
     code_ = 0
