@@ -79,7 +79,10 @@ class Env:
             kind = caller.kind_of(arg, depth + 1)
             if kind is not None:
                 return kind
-        for value in self.values_of(name):
+        values = self.values_of(name)
+        if any(isinstance(v, cst.Call) and self._kind_of_call(v, depth + 1) == DDP for v in values):
+            return DDP  # `model = DDP(model, ...)`: the name holds the wrapper from there on
+        for value in values:
             kind = self.kind_of(value, depth + 1)
             if kind is not None:
                 return kind

@@ -61,6 +61,8 @@ class Plan:
     zero_grads: list[cst.Call] = field(default_factory=list)
     # `torch.zeros(...).to(device)` in the step -> the `device=` its factory takes instead (by id of the copy)
     device_factories: dict[int, str] = field(default_factory=dict)
+    # DistributedDataParallel(...) calls of this file that build the step's model: built on the capture stream
+    ddp_builds: set[int] = field(default_factory=set)
     # `correct += (model(x).argmax(1) == y).sum().item()`: the tensor is computed in the graph,
     # the host read runs after the replay. index -> (captured statement, host statement)
     hoisted: dict[int, tuple[cst.BaseStatement, cst.BaseStatement]] = field(default_factory=dict)

@@ -47,6 +47,7 @@ from graphify.plan.base import (
 from graphify.plan.inputs import find_inputs_outputs, is_shape_value
 from graphify.plan.names import fresh_name
 from graphify.rules.devices import HOST_TENSOR_COPY, device_for_factory
+from graphify.rules.distributed import DDP_MODEL
 from graphify.rules.rewrite_safety import (
     HOST_BRANCH_IN_STEP,
     LOOP_SHAPE,
@@ -88,6 +89,14 @@ def make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode) -> Pl
     _check_breakers(plan, findings, body)
     plan.device_factories = {
         id(f.node): device_for_factory(f.node, f.module.aliases) for f in findings if f.rule is HOST_TENSOR_COPY and removable(f)
+    }
+    plan.ddp_builds = {
+        id(f.node)
+        for f in findings
+        if f.rule is DDP_MODEL
+        and f.module is loop.module
+        and isinstance(f.node, cst.Call)
+        and (f.module.aliases.qualify(f.node.func) or "").endswith("parallel.DistributedDataParallel")
     }
     find_inputs_outputs(plan, body, env, enclosing)
     dataflow.check_loop_mutations(plan, body, refuse)

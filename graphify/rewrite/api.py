@@ -10,7 +10,7 @@ from graphify.engine import analyze_module
 from graphify.analysis.statements import names_written
 from graphify.model import FileError, Verdict
 from graphify.rewrite.bundle import RuntimeChoice, bound_runtime_names, runtime_header
-from graphify.rewrite.emit import CAPTURED_STEP, GRAPHED_MODULE, Emission, Rewriter
+from graphify.rewrite.emit import CAPTURED_STEP, DDP_BUILDER, GRAPHED_MODULE, Emission, Rewriter
 from graphify.plan.names import fresh_name
 from graphify.plan import PartialPlan
 
@@ -75,9 +75,13 @@ def rewrite_source(source: str, path: str, settings=None, runtime: RuntimeChoice
     if not emissions:
         return out
     names, new = bound_runtime_names(tree), []
-    for partial, class_name in ((False, CAPTURED_STEP), (True, GRAPHED_MODULE)):
-        needed = runtime.mode == "inline" or any(isinstance(e.plan, PartialPlan) == partial for e in emissions)
-        if class_name in names or not needed:
+    uses = {
+        CAPTURED_STEP: any(not isinstance(e.plan, PartialPlan) for e in emissions),
+        GRAPHED_MODULE: any(isinstance(e.plan, PartialPlan) for e in emissions),
+        DDP_BUILDER: any(not isinstance(e.plan, PartialPlan) and e.plan.ddp_builds for e in emissions),
+    }
+    for class_name, used in uses.items():
+        if class_name in names or not (used or runtime.mode == "inline"):
             continue
         names[class_name] = class_name if class_name not in taken else fresh_name(class_name, taken)
         new.append(class_name)

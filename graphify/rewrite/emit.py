@@ -9,7 +9,7 @@ import libcst as cst
 
 from graphify.plan import PartialPlan, Plan
 
-CAPTURED_STEP, GRAPHED_MODULE = "CapturedStep", "GraphedModule"
+CAPTURED_STEP, GRAPHED_MODULE, DDP_BUILDER = "CapturedStep", "GraphedModule", "build_on_capture_stream"
 
 _EMPTY = cst.Module([])
 
@@ -51,6 +51,8 @@ class Rewriter(cst.CSTTransformer):
         self.by_loop = {id(e.plan.loop.node): e for e in emissions if isinstance(e.plan, Plan)}
         self.call_edits: dict[int, tuple[str, str]] = {}
         self.device_factories = {k: v for e in emissions if isinstance(e.plan, Plan) for k, v in e.plan.device_factories.items()}
+        self.ddp_builds = {k for e in emissions if isinstance(e.plan, Plan) for k in e.plan.ddp_builds}
+        self.ddp_builder = helper_names.get(DDP_BUILDER, DDP_BUILDER)
         self.renames: dict[int, str] = {}  # model call -> the graphed module it now calls
         self.defs: dict[int, list[cst.BaseStatement]] = {}
         for e in emissions:
@@ -80,6 +82,9 @@ class Rewriter(cst.CSTTransformer):
             return updated.with_changes(func=cst.Name(self.renames[id(original)]))
         if id(original) in self.device_factories:  # `torch.zeros(n).to(device)` -> `torch.zeros(n, device=device)`
             return _with_kwarg(updated.func.value, "device", self.device_factories[id(original)])
+        if id(original) in self.ddp_builds:  # `DDP(model, ...)` -> `build_on_capture_stream(DDP, model, ...)`
+            first = cst.Arg(value=updated.func, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            return updated.with_changes(func=cst.Name(self.ddp_builder), args=[first, *updated.args])
         edit = self.call_edits.get(id(original))
         return _with_kwarg(updated, *edit) if edit else updated
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import warnings
 
 import torch
 
 from graphify.runtime.common import WARMUP, GraphifyFallbackWarning, copy_outputs, first_line, leaves, side_stream, split, tree_map
+from graphify.runtime.distributed import DDP_WARMUP, all_ranks_agree, ddp_modules, free_before_teardown
 from graphify.runtime.reach import bindings, referenced, same, why_not_capturable
 
 MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes every step and the step stays eager
@@ -23,6 +25,7 @@ class _Captures:
         self.side_stream_used = False
         self.optimizers: list = []
         self.modules: list = []  # top-level modules: their train/eval modes are part of each graph's key
+        self.ddps: list = []  # DistributedDataParallel models the step runs: longer warmup, ranks agree on captures
         self.graphs: dict = {}  # key -> (graph, static input tensors, static outputs)
         self.eager_runs: dict = {}
         self.pool = None
@@ -96,7 +99,7 @@ class CapturedStep:
             state.disabled = f"its host inputs or branch keys took more than {MAX_KEYS} values (a Python value that changes every step?)"
             self._warn(state.disabled)
             return self._eager(tensors, inputs)
-        if runs < self.warmup:
+        if runs < (max(self.warmup, DDP_WARMUP) if state.ddps else self.warmup):
             state.eager_runs[key] = runs + 1
             return self._eager(tensors, inputs)
         return self._capture(key, tensors, inputs)
@@ -110,6 +113,7 @@ class CapturedStep:
         state.optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
         state.modules = [o for o in objects if isinstance(o, torch.nn.Module)]
         state.disabled = why_not_capturable(objects, state.optimizers)
+        state.ddps = ddp_modules(state.modules)
         if state.disabled is not None:
             self._warn(state.disabled)
             return
@@ -149,25 +153,31 @@ class CapturedStep:
         try:
             with torch.cuda.graph(graph, pool=state.pool, stream=side_stream(device), capture_error_mode="thread_local"):
                 static_outputs = self.step(*static_inputs)
-        except Exception as exc:  # noqa: BLE001 - any failure of capture leaves the run eager, never stopped
+        except Exception as exc:  # noqa: BLE001 - any failure of capture leaves the run eagerly, never stopped
+            failure = f"capture failed ({type(exc).__name__}: {first_line(exc)})"
+        else:
+            failure = None
+        finally:
+            torch.set_autocast_cache_enabled(cache)
+        if state.ddps:  # every rank takes part, whatever its own outcome
+            agreed = all_ranks_agree(failure is None, state.ddps, device)
+            if failure is None and not agreed:
+                failure = "the capture failed on another rank (captured collectives must match on every rank)"
+        if failure is not None:
             for group, lr in swapped:
                 group["lr"] = lr
             state.lr_tensors.clear()
             state.frozen.clear()
             self._restore_host_state(saved)
-            state.disabled = f"capture failed ({type(exc).__name__}: {first_line(exc)})"
-            self._warn(state.disabled)
-            failed = True
-        else:
-            failed = False
-        finally:
-            torch.set_autocast_cache_enabled(cache)
-        if failed:
+            state.disabled = failure
+            self._warn(failure)
             return self._eager(tensors, inputs)
         for group, lr in swapped:
             group["lr"] = lr
         state.pool = graph.pool()
         state.graphs[key] = (graph, leaves(static_inputs), static_outputs)
+        if state.ddps and len(state.graphs) == 1:
+            free_before_teardown(functools.partial(_drop_graphs, state, "its process group was destroyed"))
         graph.replay()  # capture records the step without running it: this replay trains on the batch
         return static_outputs
 
@@ -247,3 +257,7 @@ class CapturedStep:
     def _warn(self, why: str) -> None:
         name = getattr(self.step, "__qualname__", "step")
         warnings.warn(f"graphify: `{name}` runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=4)
+
+
+def _drop_graphs(state: _Captures, why: str) -> None:
+    state.graphs, state.pool, state.disabled = {}, None, why

@@ -7,6 +7,8 @@ import types
 
 import torch
 
+from graphify.runtime.distributed import why_ddp_not_capturable
+
 _SAFE_OPTIMIZERS = {  # torch.optim classes whose step can be captured (the Adam family with capturable=True)
     "Adam",
     "AdamW",
@@ -19,7 +21,7 @@ _SAFE_OPTIMIZERS = {  # torch.optim classes whose step can be captured (the Adam
     "Rprop",
     "SGD",
 }
-_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
+_WRAPPERS = ("DataParallel", "FullyShardedDataParallel")  # DistributedDataParallel: see distributed.py
 
 
 def referenced(fn, depth: int = 3):
@@ -82,7 +84,11 @@ def why_not_capturable(objects, optimizers) -> str | None:
     for obj in objects:
         if isinstance(obj, torch.nn.Module):
             for m in obj.modules():
-                if type(m).__name__ in _WRAPPERS:
+                if isinstance(m, torch.nn.parallel.DistributedDataParallel):
+                    why = why_ddp_not_capturable(m)
+                    if why is not None:
+                        return why
+                elif type(m).__name__ in _WRAPPERS:
                     return f"the step runs a {type(m).__name__} model, whose step is not captured yet"
     for opt in optimizers:
         name = type(opt).__name__

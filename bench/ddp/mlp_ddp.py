@@ -1,0 +1,58 @@
+"""DistributedDataParallel benchmark: a 5-layer MLP trained with Adam under torchrun, as a user writes it.
+
+`graphify rewrite` captures its step (DDP built on the capture stream); scripts/ddp-check runs this file
+and its rewrite on every GPU and compares the final weights and the time per step.
+Usage: torchrun --standalone --nproc_per_node=2 bench/ddp/mlp_ddp.py [--steps 400] [--optimizer adam|sgd] [--capturable]
+"""
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=400)
+parser.add_argument("--timed-from", type=int, default=100)
+parser.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
+parser.add_argument("--capturable", action="store_true", help="Adam's capturable code path in eager too (what a captured step runs)")
+args = parser.parse_args()
+
+rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank)
+device = torch.device("cuda", local_rank)
+dist.init_process_group("nccl")
+torch.manual_seed(0)
+
+model = nn.Sequential(*[layer for _ in range(4) for layer in (nn.Linear(256, 256), nn.ReLU())], nn.Linear(256, 10)).to(device)
+model = DDP(model, device_ids=[local_rank])
+if args.optimizer == "adam":
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=args.capturable)
+else:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+generator = torch.Generator().manual_seed(rank)
+batches = [(torch.randn(64, 256, generator=generator), torch.randint(0, 10, (64,), generator=generator)) for _ in range(16)]
+
+start = None
+for step in range(args.steps):
+    if step == args.timed_from:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+    x, y = batches[step % len(batches)]
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+torch.cuda.synchronize()
+ms = (time.perf_counter() - start) * 1e3 / (args.steps - args.timed_from)
+
+weights = torch.cat([p.detach().flatten() for p in model.parameters()]).double()
+if rank == 0:
+    print(f"ms/step {ms:.4f}")
+    print(f"final weights: sum {weights.sum().item():.12e} norm {weights.norm().item():.12e}")
+dist.destroy_process_group()
