@@ -1,5 +1,6 @@
 """graphify.runtime on a GPU: a failed capture falls back with state intact, re-entered loops reuse their
-graphs, nested outputs replay, and DDP models run eagerly with one warning."""
+graphs, nested outputs replay, a DDP model built outside the capture stream runs eagerly with one warning,
+and a GPU-bound step stays eager."""
 
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def test_a_reentered_loop_reuses_its_graph_and_outputs_keep_their_structure():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_a_ddp_model_runs_eagerly_with_one_warning(tmp_path):
+def test_a_ddp_model_built_outside_the_capture_stream_runs_eagerly_with_one_warning(tmp_path):
     import torch.distributed as dist
 
     dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
@@ -130,10 +131,42 @@ def test_a_ddp_model_runs_eagerly_with_one_warning(tmp_path):
             for x, y in batches:
                 step(x, y)
         assert [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)] == [
-            "graphify: `_eager_step.<locals>.train_step` runs eagerly: the step runs a DistributedDataParallel model, whose step is not captured yet"
+            "graphify: `_eager_step.<locals>.train_step` runs eagerly: the step runs a DistributedDataParallel model built "
+            "outside graphify's capture stream (rewrite the file that builds it)"
         ]
         got = _state(model, opt)
         for a, b in zip(expected[0], got[0]):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     finally:
         dist.destroy_process_group()
+
+
+def _matmul_step(size):
+    weight = torch.randn(size, size, device="cuda", requires_grad=True)
+    opt = torch.optim.SGD([weight], lr=1e-6)
+
+    def train_step(x):
+        loss = (x @ weight @ weight).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        return loss
+
+    return CapturedStep(train_step)
+
+
+@pytest.mark.parametrize(("size", "always", "captured"), [(4096, False, False), (4096, True, True), (64, False, True)])
+def test_a_gpu_bound_step_stays_eager_unless_asked(monkeypatch, size, always, captured):
+    """Big matmuls keep the GPU busy far longer than their launch: a replay would gain nothing."""
+    if always:
+        monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    step = _matmul_step(size)
+    x = torch.randn(size, size, device="cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(6):
+            step(x)
+    assert bool(step.state.graphs) == captured
+    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+    assert (messages != []) == (not captured), messages
+    assert all("no gain expected: GPU-bound" in m for m in messages)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import os
 import random
+import time
 import warnings
 
 import torch
@@ -13,6 +15,9 @@ from graphify.runtime.distributed import DDP_WARMUP, all_ranks_agree, ddp_module
 from graphify.runtime.reach import bindings, referenced, same, why_not_capturable
 
 MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes every step and the step stays eager
+# A step whose host time is under this share of its GPU time is GPU-bound: a replay would save little host
+# time and add input copies, so it stays eager (GRAPHIFY_CAPTURE=always captures it all the same).
+GPU_BOUND_SHARE = 0.25
 
 
 class _Captures:
@@ -32,6 +37,7 @@ class _Captures:
         self.lr_tensors: list = []  # [param group, device tensor, float it holds]
         self.frozen: list = []  # (param group, name, value at capture) the graph cannot follow
         self.recaptures = 0  # times the graphs were dropped because a frozen setting changed
+        self.load = None  # (start event, end event, host seconds) of the last warmup step; "checked" once used
 
 
 _registry: dict = {}  # step code object -> _Captures of its latest bindings, newest last
@@ -99,8 +105,12 @@ class CapturedStep:
             state.disabled = f"its host inputs or branch keys took more than {MAX_KEYS} values (a Python value that changes every step?)"
             self._warn(state.disabled)
             return self._eager(tensors, inputs)
-        if runs < (max(self.warmup, DDP_WARMUP) if state.ddps else self.warmup):
+        warmup = max(self.warmup, DDP_WARMUP) if state.ddps else self.warmup
+        if runs < warmup:
             state.eager_runs[key] = runs + 1
+            timed = runs == warmup - 1 and state.load is None and not state.ddps  # ranks of a DDP step must decide alike
+            return self._eager(tensors, inputs, timed=timed)
+        if self._gpu_bound():
             return self._eager(tensors, inputs)
         return self._capture(key, tensors, inputs)
 
@@ -126,20 +136,48 @@ class CapturedStep:
                         if torch.is_tensor(step) and step.device != p.device:
                             optimizer.state[p]["step"] = step.to(p.device, torch.float32)
 
-    def _eager(self, tensors, inputs):
-        """An eager step on the side stream (as warmup must be, and so that autograd keeps one stream)."""
+    def _eager(self, tensors, inputs, timed: bool = False):
+        """An eager step on the side stream (as warmup must be, and so that autograd keeps one stream);
+        `timed`: its host and GPU time are kept, to tell a GPU-bound step before capturing it."""
         device = tensors[0].device if tensors else self._param_device()
         self.state.side_stream_used = True
         stream = side_stream(device)
         stream.wait_stream(torch.cuda.current_stream())
         cache = torch.is_autocast_cache_enabled()
         torch.set_autocast_cache_enabled(False)  # cached casts would outlive a capture; values are the same
+        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if timed else None
         try:
             with torch.cuda.stream(stream):
-                return self.step(*inputs)
+                if events:
+                    started = time.perf_counter()
+                    events[0].record(stream)
+                result = self.step(*inputs)
+                if events:
+                    events[1].record(stream)
+                    self.state.load = (*events, time.perf_counter() - started)
+                return result
         finally:
             torch.set_autocast_cache_enabled(cache)
             torch.cuda.current_stream().wait_stream(stream)
+
+    def _gpu_bound(self) -> bool:
+        """Whether the last warmup step kept the GPU busy far longer than the host took to launch it (decided
+        once, before the first capture): then a replay gains nothing and the step stays eager."""
+        state = self.state
+        if not isinstance(state.load, tuple) or os.environ.get("GRAPHIFY_CAPTURE") == "always":
+            return False
+        start, end, host_s = state.load
+        state.load = "checked"
+        end.synchronize()
+        gpu_ms, host_ms = start.elapsed_time(end), host_s * 1e3
+        if host_ms >= GPU_BOUND_SHARE * gpu_ms:
+            return False
+        state.disabled = (
+            f"no gain expected: GPU-bound (a step keeps the GPU busy {gpu_ms:.1f} ms for {host_ms:.1f} ms of host time; "
+            "GRAPHIFY_CAPTURE=always captures it anyway)"
+        )
+        self._warn(state.disabled)
+        return True
 
     def _capture(self, key, tensors, inputs):
         state = self.state
