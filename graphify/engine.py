@@ -9,13 +9,17 @@ import libcst as cst
 from graphify.analysis.checker import Checker, Finding, removable
 from graphify.analysis.discovery import ModuleAnalysis
 from graphify.analysis.region import Loop
+from graphify.analysis.statements import contains, walk
 from graphify.analysis.prefilter import might_hold_loops
 from graphify.analysis.program import ModuleInfo, Program
-from graphify.analysis.tree import forget
+from graphify.analysis.tree import children, forget
 from graphify.files import python_syntax_error
 from graphify.model import Diagnostic, FileError, LoopReport, Report, Verdict
 from graphify.plan import PARTIAL_OK, PartialPlan, Plan, Refusal, make_partial_plan, make_plan
-from graphify.rules.rewrite_safety import FIXES
+from graphify.rules.rewrite_safety import FIXES, HOST_SIDE_EFFECT, MUTATED_STATE, PER_STEP_HOST_VALUE
+
+
+_CODE_FACTS = (PER_STEP_HOST_VALUE, HOST_SIDE_EFFECT, MUTATED_STATE)
 
 
 @dataclass
@@ -76,18 +80,36 @@ def analyze_module(source: str, path: str, settings, program: Program | None = N
                     analysis.findings.append(finding)
         _decide(analysis)
         blocked = analysis.verdict == Verdict.NOT_CAPTURABLE
-        refusal = _confirm_rewrite(analysis, module)
-        if refusal is not None and not blocked:  # the planner's own reason: report it where it stands
-            if refusal.node is not None and not any(f.node is refusal.node for f in analysis.all_findings):
-                fix = FIXES.get(refusal.rule.code, "see `graphify rule " + refusal.rule.code + "`")
-                finding = Finding(refusal.rule, refusal.node, _module_of(loop, refusal.node), str(refusal), fix)
-                if reported(finding):
-                    analysis.findings.append(finding)
+        refusals = _confirm_rewrite(analysis, module)
+        # the planner's own reasons, each where it stands: every value or effect of the code that capture
+        # would freeze, and the reason that decides the verdict unless one of those is what it suspects
+        shown = [r for r in refusals if r.certain and r.rule in _CODE_FACTS]
+        first = refusals[0] if refusals and not blocked else None
+        if first is not None and first not in shown and not any(r.node is not None and contains(first.node, r.node) for r in shown):
+            shown.insert(0, first)
+        # where a breaker is reported already (the same statement, or a logging call around the node), the planner sees it again
+        flagged = {id(n) for f in analysis.all_findings for n in (walk(f.node) if f.rule.category == "logging-io" else [f.node])}
+        for refusal in shown:
+            if refusal.node is None or any(id(n) in flagged for n in _own_lines(refusal.node)):
+                continue
+            flagged.add(id(refusal.node))
+            fix = FIXES.get(refusal.rule.code, "see `graphify rule " + refusal.rule.code + "`")
+            finding = Finding(refusal.rule, refusal.node, _module_of(loop, refusal.node), str(refusal), fix)
+            if reported(finding):
+                analysis.findings.append(finding)
         if analysis.verdict == Verdict.NOT_CAPTURABLE:
             _try_partial(analysis)
         results.append(analysis)
         _report_loop(analysis, path, report)
     return ModuleResult(module, results, report)
+
+
+def _own_lines(node: cst.CSTNode):
+    """The node's own code: a compound statement's header, or all of anything else."""
+    if not isinstance(node, cst.BaseCompoundStatement):
+        return walk(node)
+    header = [c for c in children(node) if not isinstance(c, (cst.BaseSuite, cst.BaseStatement, cst.Else, cst.ExceptHandler, cst.Finally))]
+    return [node, *(n for c in header for n in walk(c))]
 
 
 def _module_of(loop: Loop, node: cst.CSTNode) -> ModuleInfo:
@@ -114,21 +136,22 @@ def _decide(analysis: LoopAnalysis) -> None:
         analysis.verdict = Verdict.CAPTURABLE
 
 
-def _confirm_rewrite(analysis: LoopAnalysis, module: ModuleInfo):
-    """A loop is only called capturable if `graphify rewrite` can really capture it; returns the
-    planner's refusal, if any."""
+def _confirm_rewrite(analysis: LoopAnalysis, module: ModuleInfo) -> list[Refusal]:
+    """A loop is only called capturable if `graphify rewrite` can really capture it; returns every
+    reason the planner found to refuse it (the first decides the verdict's reason)."""
     loop = analysis.loop
+    refusals: list[Refusal] = []
     try:
-        analysis.plan = make_plan(loop, analysis.all_findings, loop.func.node if loop.func.node is not None else module.tree)
+        analysis.plan = make_plan(loop, analysis.all_findings, loop.func.node if loop.func.node is not None else module.tree, refusals)
     except Refusal as refusal:
         if analysis.verdict != Verdict.NOT_CAPTURABLE:
             analysis.reasons = [refusal.reason]  # else the blocking findings stay the reasons
         analysis.verdict = Verdict.NOT_CAPTURABLE
-        return refusal
+        return refusals
     # breakers that stay outside the captured step run eagerly where they stand
     analysis.verdict = Verdict.AFTER_REWRITE if analysis.all_findings else Verdict.CAPTURABLE
     analysis.reasons = []
-    return None
+    return refusals
 
 
 def _try_partial(analysis: LoopAnalysis) -> None:

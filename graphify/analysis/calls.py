@@ -60,7 +60,7 @@ def is_delegated_step(call: cst.Call, env: Env) -> bool:
         return False
     return (
         any(env.kind_of(v) == OPTIMIZER for v in values)
-        and any(env._tensor(v, 0) is True for v in values)
+        and any(env._tensor(v, 0) is True and env.kind_of(v) not in (MODEL, DDP) for v in values)  # a model is no loss
         and not _defined_here(call.func, env)
     )
 

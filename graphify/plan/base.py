@@ -26,19 +26,16 @@ EMPTY = cst.Module([])
 
 
 class Refusal(Exception):
-    """Why a loop is not rewritten: a rule code, a message, and where (None: the loop itself)."""
+    """Why a loop is not rewritten: a rule code, a message, and where (None: the loop itself).
+    `certain`: the code does what the rule says (False: the planner cannot tell, and refuses to be safe)."""
 
-    def __init__(self, rule: Rule, message: str, node: cst.CSTNode | None = None) -> None:
+    def __init__(self, rule: Rule, message: str, node: cst.CSTNode | None = None, certain: bool = True) -> None:
         super().__init__(message)
-        self.rule, self.node = rule, node
+        self.rule, self.node, self.certain = rule, node, certain
 
     @property
     def reason(self) -> str:
         return self.rule.code
-
-
-def refuse(rule: Rule, node: cst.CSTNode | None, message: str) -> None:
-    raise Refusal(rule, message, node)
 
 
 @dataclass

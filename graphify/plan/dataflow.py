@@ -188,11 +188,11 @@ def check_loop_mutations(plan, body, refuse) -> None:
     for chain, node in assigned:
         if chain is None:
             refuse(MUTATED_STATE, node, "an attribute is assigned in the loop on an object the analysis cannot follow")
-        for name in read:
-            if name is not None and (name == chain or name.startswith(chain + ".")):
-                refuse(MUTATED_STATE, node, f"`{chain}` is assigned in the loop and read by the step; capture would freeze it")
-        for name in handed:
-            if name is not None and name != "self" and chain.startswith(name + "."):
+        elif any(name is not None and (name == chain or name.startswith(chain + ".")) for name in read):
+            refuse(MUTATED_STATE, node, f"`{chain}` is assigned in the loop and read by the step; capture would freeze it")
+        else:
+            name = next((name for name in handed if name is not None and name != "self" and chain.startswith(name + ".")), None)
+            if name is not None:
                 refuse(MUTATED_STATE, node, f"`{chain}` is assigned in the loop and the step hands `{name}` to code that may read it")
 
 
@@ -235,7 +235,7 @@ def check_moved_statement(plan, body, index: int, refuse) -> None:
     for n, site in nodes:
         why = _moved_effect(n, site.env, later, followed)
         if why:
-            refuse(ORDER, body[index], f"{why}; it sits between captured statements and cannot run after the whole step")
+            return refuse(ORDER, body[index], f"{why}; it sits between captured statements and cannot run after the whole step")
 
 
 def _moved_effect(n, env, later: set[str], followed: set[int]) -> str | None:

@@ -14,13 +14,13 @@ from graphify.analysis.statements import (
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
 from graphify.plan import dataflow
-from graphify.plan.base import Plan, Refusal, is_shape_read, rebound_in_loop
+from graphify.plan.base import Plan, is_shape_read, rebound_in_loop
 from graphify.rules.rewrite_safety import (
     PER_STEP_HOST_VALUE,
 )
 
 
-def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enclosing: cst.CSTNode) -> None:
+def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enclosing: cst.CSTNode, refuse) -> None:
     graph_stmts = [plan.hoisted[i][0] if i in plan.hoisted else body[i] for i in plan.graph]
     written = set().union(*(names_written(s) for s in graph_stmts))
     for index, host in plan.split_ifs.items():  # host statements of keyed ifs leave the step
@@ -45,15 +45,42 @@ def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enc
         if name in per_iteration or (name in written and name in defined_outside):
             if dataflow.is_host_expression(cst.Name(name), env) and not is_shape_value(name, body):
                 if not _only_in_keys(name, plan, body):
-                    raise Refusal(
-                        PER_STEP_HOST_VALUE, f"the step reads `{name}`, a host value that changes between steps; capture would freeze it"
-                    )
+                    why = f"the step reads `{name}`, a host value that changes between steps; capture would freeze it"
+                    for reader in _statements_reading(name, graph_stmts) or [None]:
+                        refuse(PER_STEP_HOST_VALUE, reader, why)
                 continue
             inputs.append(name)
     plan.inputs = _in_source_order(inputs, graph_stmts)
     plan.outputs = _in_source_order([n for n in written if n in outside], graph_stmts)
     after_loop = _names_read_outside(enclosing, {id(plan.loop.node)})
     plan.clones = [n for n in plan.outputs if n in after_loop or _kept_in_loop(n, body, plan)]
+
+
+def _statements_reading(name: str, stmts) -> list[cst.CSTNode]:
+    """The innermost statements of `stmts` that read `name` (a `for` or `with` where its header does),
+    for `check` to point at. A host `if`/`while` on the value is a host branch (keyed, or the host-branch
+    rules' concern), not a value the GPU work reads."""
+    found = []
+    for stmt in stmts:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            if name in names_read(stmt):
+                found.append(stmt)
+            continue
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        header, inner, stack = [], [], [c for c in children(stmt) if not (isinstance(stmt, cst.For) and c is stmt.target)]
+        while stack:
+            n = stack.pop()
+            if isinstance(n, cst.BaseStatement):
+                inner.append(n)
+            elif isinstance(n, (cst.BaseExpression, cst.WithItem)):
+                header.append(n)
+            else:
+                stack.extend(children(n))
+        if not isinstance(stmt, (cst.If, cst.While)) and any(name in names_read(h) for h in header):
+            found.append(stmt)
+        found += _statements_reading(name, inner)
+    return found
 
 
 def _names_written_outside(root: cst.CSTNode, excluded: set[int]) -> set[str]:

@@ -40,7 +40,6 @@ from graphify.plan.base import (
     is_scaler_call,
     is_zero_grad,
     rebound_in_loop,
-    refuse,
     same,
     sets_lr,
 )
@@ -55,9 +54,24 @@ from graphify.rules.rewrite_safety import (
 )
 
 
-def make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode) -> Plan:
+def make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refusals: list[Refusal] | None = None) -> Plan:
     """`findings`: every breaker reported in the loop's region; `enclosing`: the function (or module)
-    that holds the loop. Raises Refusal when the loop cannot be captured without changing its training."""
+    that holds the loop. Raises Refusal when the loop cannot be captured without changing its training:
+    the first reason found. `refusals`, when given, receives every reason found, for `check` to report:
+    checks that can go on past a reason record it and go on; the others stop the plan."""
+    found = [] if refusals is None else refusals
+    try:
+        plan = _make_plan(
+            loop, findings, enclosing, lambda rule, node, message, certain=True: found.append(Refusal(rule, message, node, certain))
+        )
+    except Refusal as refusal:
+        found.append(refusal)
+    if found:
+        raise found[0]
+    return plan
+
+
+def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refuse) -> Plan:
     if loop.node.orelse is not None:
         raise Refusal(LOOP_SHAPE, "loops with an `else:` clause are not rewritten", loop.node)
     body = body_of(loop)
@@ -82,11 +96,11 @@ def make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode) -> Pl
     if not anchors or not starts:
         raise Refusal(LOOP_SHAPE, "the step is not in the loop body")
     plan = Plan(loop, loop.kind, first=min(starts[0], anchors[0]), last=anchors[-1])
-    _refuse_closures(plan, body)
-    _split_step(plan, body, env)
+    _refuse_closures(plan, body, refuse)
+    _split_step(plan, body, env, refuse)
     _pull_in_zero_grad(plan, body, env)
     dataflow.check_captured_code(plan, body, refuse)
-    _check_breakers(plan, findings, body)
+    _check_breakers(plan, findings, body, refuse)
     plan.device_factories = {
         id(f.node): device_for_factory(f.node, f.module.aliases) for f in findings if f.rule is HOST_TENSOR_COPY and removable(f)
     }
@@ -98,20 +112,20 @@ def make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode) -> Pl
         and isinstance(f.node, cst.Call)
         and (f.module.aliases.qualify(f.node.func) or "").endswith("parallel.DistributedDataParallel")
     }
-    find_inputs_outputs(plan, body, env, enclosing)
+    find_inputs_outputs(plan, body, env, enclosing, refuse)
     dataflow.check_loop_mutations(plan, body, refuse)
     for i in sorted(plan.after):
         dataflow.check_moved_statement(plan, body, i, refuse)
     return plan
 
 
-def _refuse_closures(plan: Plan, body: list[cst.BaseStatement]) -> None:
+def _refuse_closures(plan: Plan, body: list[cst.BaseStatement], refuse) -> None:
     """A function or lambda defined in the loop reads the loop's names when it is called, not through
     the step's inputs: a replay would run it on the tensors of the capture."""
     for i, stmt in enumerate(body):
         for n in walk(stmt):
             if isinstance(n, (cst.FunctionDef, cst.ClassDef)) or (isinstance(n, cst.Lambda) and plan.first <= i <= plan.last):
-                raise Refusal(LOOP_SHAPE, "a function defined inside the loop reads its names at call time", n)
+                refuse(LOOP_SHAPE, n, "a function defined inside the loop reads its names at call time")
 
 
 def _calls_into_step(loop: Loop) -> tuple[set[int], set[int]]:
@@ -131,7 +145,7 @@ def _calls_into_step(loop: Loop) -> tuple[set[int], set[int]]:
     return steps, models
 
 
-def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
+def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> None:
     span = list(range(plan.first, plan.last + 1))
     # GradScaler.step/update (and unscaling, clipping between them) run eagerly after the replay.
     for i in span:
@@ -160,13 +174,13 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
             plan.graph.append(i)
             graph_writes |= writes
             if isinstance(stmt, cst.If):
-                _plan_keyed_if(plan, i, stmt, env)
+                _plan_keyed_if(plan, i, stmt, env, refuse)
             continue
         if writes & later_reads:
             varying = {n for n in (names_read(stmt) & rebound) - graph_writes if not is_shape_value(n, body)}
             if has_side_effects(stmt) or varying:
                 why = f"reads `{sorted(varying)[0]}`, which changes between steps" if varying else "calls code with possible side effects"
-                raise Refusal(PER_STEP_HOST_VALUE, f"a host statement the step needs {why}; capture would run it once", stmt)
+                refuse(PER_STEP_HOST_VALUE, stmt, f"a host statement the step needs {why}; capture would run it once", certain=False)
             plan.graph.append(i)  # a host value the step needs (a shape, a constant): computed once at capture
             graph_writes |= writes
         elif names_read(stmt) & graph_writes or not sets_lr(stmt):
@@ -292,20 +306,20 @@ def _mutates(call: cst.Call) -> bool:
     return m is not None and m[1].endswith("_") and not m[1].startswith("_")
 
 
-def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env) -> None:
+def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env, refuse) -> None:
     if env._tensor(stmt.test, 0) is True:
         return
     if stmt.orelse is not None:
-        raise Refusal(HOST_BRANCH_IN_STEP, "a host branch with `else` inside the step", stmt)
+        return refuse(HOST_BRANCH_IN_STEP, stmt, "a host branch with `else` inside the step")
     if not isinstance(stmt.body, cst.IndentedBlock):
-        raise Refusal(HOST_BRANCH_IN_STEP, "a one-line host branch inside the step", stmt)
+        return refuse(HOST_BRANCH_IN_STEP, stmt, "a one-line host branch inside the step")
     plan.keys.append(index)
     host = [k for k, s in enumerate(stmt.body.body) if not does_gpu_work(s, env)]
     if host:
         plan.split_ifs[index] = host
 
 
-def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStatement]) -> None:
+def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStatement], refuse) -> None:
     captured = [body[i] for i in plan.graph]
     for f in findings:
         if (f.rule.code in FIXED_IN_PLACE and removable(f)) or id(f.node) in plan.hoisted_reads:
@@ -323,22 +337,25 @@ def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStat
                 and not any(contains(s, anchor) for s in captured)
             ):
                 continue
-            raise Refusal(f.rule, f.message, f.node)
+            refuse(f.rule, f.node, f.message)
+            continue
         if f.rule.code == "GFY301" and any(contains(body[i], anchor) for i in plan.graph):
             # An input copied inside the step: CapturedStep moves host inputs to `device` first,
             # which turns the copy into a no-op.
             device = device_in_loop_scope(plan, f.node)
             if device is None:
-                raise Refusal(f.rule, "cannot tell which device inputs go to", f.node)
+                refuse(f.rule, f.node, "cannot tell which device inputs go to")
+                continue
             plan.device = plan.device or device
             continue
         in_graph = [s for s in captured if contains(s, anchor)]
         if not in_graph:
             continue
         if anchor is not f.node:
-            raise Refusal(f.rule, f"{f.message} (inside a function the step calls)", f.node)
+            refuse(f.rule, f.node, f"{f.message} (inside a function the step calls)")
+            continue
         stmt = in_graph[0]
         index = body.index(stmt)
         moved = plan.split_ifs.get(index, [])
         if not any(contains(stmt.body.body[k], f.node) for k in moved) if index in plan.split_ifs else True:
-            raise Refusal(f.rule, f"{f.message} (would stay inside the captured step)", f.node)
+            refuse(f.rule, f.node, f"{f.message} (would stay inside the captured step)")

@@ -1,7 +1,8 @@
 """rewrite-safety: why `graphify rewrite` leaves a loop alone when capture would change its training.
 
 GFY701-706 are decided by the rewrite planner's dataflow rule (graphify/plan/dataflow.py), not by
-a pattern of their own: `check` reports them where the planner refused a loop. GFY707 is a pattern:
+a pattern of their own: `check` reports every per-step host value, host side effect and mutated state
+(GFY701-703) the planner finds, and the reason that decides a loop's verdict. GFY707 is a pattern:
 the step handed to code the analysis cannot see.
 """
 
