@@ -26,7 +26,16 @@ HOST_TENSOR_COPY = rule(
     True,
 )
 
-RULES = (STEP_INPUT_COPY, HOST_TENSOR_COPY)
+HOST_ARRAY_INDEX = rule(
+    "GFY303",
+    "host-array-index",
+    "cross-device",
+    "error",
+    "a tensor indexed with a numpy array: the index is copied to the device every step",
+    False,
+)
+
+RULES = (STEP_INPUT_COPY, HOST_TENSOR_COPY, HOST_ARRAY_INDEX)
 
 
 _HOST_FACTORIES = {
@@ -118,7 +127,35 @@ def is_device_copy(call, env) -> bool:
     return env.kind_of(receiver) not in (MODEL, DDP, LOSS) and not env.is_host(receiver)
 
 
+def _host_array(expr, env, depth=0) -> bool:
+    """A numpy array: made by a `numpy` call, a slice of one, or a name bound only to those."""
+    if depth > 3:
+        return False
+    if isinstance(expr, cst.Call):
+        qual = env.qualify(expr.func) or ""
+        return qual.startswith("numpy.") and not qual.startswith("numpy.random.seed")
+    if isinstance(expr, cst.Subscript):
+        return _host_array(expr.value, env, depth + 1)
+    name = dotted(expr) if isinstance(expr, cst.Name) else None
+    values = env.values_of(name) if name else []
+    return bool(values) and all(_host_array(v, env, depth + 1) for v in values)
+
+
+def _host_array_index(node, env) -> bool:
+    """`tensor[np_indices]` (or `tensor[:, np_indices]`): torch turns the array into a host index tensor and copies it."""
+    return any(isinstance(el.slice, cst.Index) and _host_array(el.slice.value, env) for el in node.slice) and env.is_tensor(node.value)
+
+
 def check(ck):
+    for node, site in ck.nodes():
+        if isinstance(node, cst.Subscript) and _host_array_index(node, site.env):
+            yield ck.finding(
+                HOST_ARRAY_INDEX,
+                node,
+                site,
+                f"`{code_of(node)}` indexes a tensor with a numpy array, copied to the device every step",
+                "make the indices a device tensor (`torch.randperm(n, device=device)`, or copy them into a static device buffer)",
+            )
     step_values = collect_scope(ck.loop.node.body).values
     for call, site in ck.calls():
         env = site.env
