@@ -4,6 +4,7 @@
 and its rewrite on every GPU and compares the final weights and the time per step.
 Usage: torchrun --standalone --nproc_per_node=2 bench/ddp/mlp_ddp.py [--steps 400] [--optimizer adam|sgd] [--capturable]
 """
+
 import argparse
 import os
 import time
