@@ -72,14 +72,15 @@ COMPILE_VARIANTS = ("compile-model", "compile-step", "compile-default", "graphif
 #: chosen large enough that even graph replays (30-40 microseconds a step on tiny, where 600 steps
 #: proved too short to time against host jitter) add up to far more than the jitter of a call's
 #: setup, and small enough that the whole benchmark fits in one 10-minute call on an H200 (the
-#: compute-bound workloads take 0.04-0.5 s a step).
+#: compute-bound workloads take 0.04-0.5 s a step). n1 is past warmup and capture (3 + 1 steps) so
+#: that the difference of two calls holds replays only, never a capture.
 STEPS = {
     "tiny": (20, 2020),
     "mlp": (20, 420),
     "cnn": (20, 320),
     "transformer": (20, 220),
-    "mlp_large_batch": (2, 8),
-    "cnn_large": (2, 12),
+    "mlp_large_batch": (5, 11),
+    "cnn_large": (5, 15),
 }
 QUICK_STEPS = (4, 8)
 DEFAULT_REPEATS = 3
