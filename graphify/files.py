@@ -43,20 +43,20 @@ class SourceError(Exception):
 # --- reading -------------------------------------------------------------------------------------
 
 
-def read_source(path: str) -> str:
+def read_source(path: str, max_bytes: int = MAX_BYTES) -> str:
     """The text of a Python source file, decoded as Python would decode it (PEP 263 / BOM)."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            if size > MAX_BYTES:
-                raise SourceError(f"file too large ({size / 1024 / 1024:.1f} MB; the limit is {MAX_BYTES // 1024 // 1024} MB)")
-            data = f.read(MAX_BYTES + 1)
+            if size > max_bytes:
+                raise SourceError(f"file too large ({size / 1024 / 1024:.1f} MB; the limit is {max_bytes // 1024 // 1024} MB)")
+            data = f.read(max_bytes + 1)
     except SourceError:
         raise
     except OSError as exc:
         raise SourceError(os_error_message(exc)) from None
-    if len(data) > MAX_BYTES:  # grew while we read it, or a special file that reports no size
-        raise SourceError(f"file too large (over {MAX_BYTES // 1024 // 1024} MB)")
+    if len(data) > max_bytes:  # grew while we read it, or a special file that reports no size
+        raise SourceError(f"file too large (over {max_bytes // 1024 // 1024} MB)")
     if b"\0" in data:
         raise SourceError("binary file (contains NUL bytes), not Python source")
     return decode_source(data)

@@ -18,7 +18,9 @@ import json
 import re
 from dataclasses import dataclass
 
-from graphify.files import SourceError, read_source
+from graphify.files import MAX_BYTES, SourceError, read_source
+
+NOTEBOOK_MAX_BYTES = 16 * MAX_BYTES  # outputs (plots, tables) make notebooks large; the code limit stays MAX_BYTES
 
 _TIMING_CELL_MAGICS = {"time", "timeit", "capture", "prun"}  # their body is Python and runs
 _MAGIC_LINE = re.compile(r"^(\s*)([%!?]|[^#\s].*\?\s*$)")
@@ -109,7 +111,7 @@ class Notebook:
 
 def read_notebook(path: str, text: str | None = None) -> Notebook:
     """Read a notebook; SourceError (one line) when it is not a notebook or a cell is not Python."""
-    text = read_source(path) if text is None else text
+    text = read_source(path, NOTEBOOK_MAX_BYTES) if text is None else text
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -134,7 +136,10 @@ def read_notebook(path: str, text: str | None = None) -> Notebook:
         line += len(lines)
         raw.append(lines)
         python.append(converted)
-    return Notebook(text, data, indexes, raw, python, starts)
+    notebook = Notebook(text, data, indexes, raw, python, starts)
+    if len(notebook.source.encode("utf-8")) > MAX_BYTES:
+        raise SourceError(f"notebook code too large (over {MAX_BYTES // 1024 // 1024} MB)")
+    return notebook
 
 
 def _as_python(lines: list[str]) -> list[str]:

@@ -200,3 +200,15 @@ def test_rewritten_notebook_trains_the_same_on_cpu():
     ]
     assert all(o.returncode == 0 for o in outputs), [o.stderr[-2000:] for o in outputs]
     assert outputs[0].stdout.splitlines()[-1] == outputs[1].stdout.splitlines()[-1]
+
+
+def test_outputs_do_not_count_against_the_size_limit(tmp_path):
+    """A notebook with large outputs (embedded plots) is checked: the limit is on its code."""
+    from graphify.files import MAX_BYTES
+
+    data = json.loads(NOTEBOOK.read_text())
+    data["cells"][2]["outputs"] = [{"data": {"image/png": "A" * (MAX_BYTES + 1024)}, "metadata": {}, "output_type": "display_data"}]
+    big = tmp_path / "big.ipynb"
+    big.write_text(json.dumps(data, indent=1))
+    result = run("check", "--format", "json", str(big))
+    assert result.exit_code == 1 and json.loads(result.stdout)["errors"] == []
