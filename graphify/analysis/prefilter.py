@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import cached_property
 
 from graphify.analysis.vocabulary import OPTIMIZER, kind_by_name
 
@@ -46,9 +47,13 @@ def _names_optimizer(arg: ast.AST) -> bool:
 
 class _Scan:
     def __init__(self, tree: ast.Module) -> None:
-        # functions that run a step themselves: a loop calling one of them may be a training loop
-        self.steppers = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _calls_step(n)}
+        self.tree = tree
         self.found = self._visit(tree, no_grad=False)
+
+    @cached_property
+    def steppers(self) -> set[str]:
+        """Functions that run a step themselves: a loop calling one of them may be a training loop."""
+        return {n.name for n in ast.walk(self.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _calls_step(n)}
 
     def _visit(self, node: ast.AST, no_grad: bool) -> bool:
         for child in ast.iter_child_nodes(node):
@@ -64,11 +69,19 @@ class _Scan:
         return False
 
     def _candidate(self, loop: ast.AST, no_grad: bool) -> bool:
-        if no_grad or _calls_step(loop) or _mentions_no_grad(loop):
+        """One walk of the loop: a step or backward call, no_grad/inference_mode, a helper handed the
+        optimizer (`loss_scaler(loss, optimizer)`), or a call of a function that steps."""
+        if no_grad:
             return True
+        called = set()
         for n in ast.walk(loop):
             if isinstance(n, ast.Call):
-                name = n.func.id if isinstance(n.func, ast.Name) else n.func.attr if isinstance(n.func, ast.Attribute) else None
-                if name in self.steppers or any(_names_optimizer(a) for a in n.args):
-                    return True  # a helper handed the optimizer (`loss_scaler(loss, optimizer)`)
-        return False
+                func = n.func
+                if isinstance(func, ast.Attribute) and func.attr in _STEP_ATTRS:
+                    return True
+                if any(_names_optimizer(a) for a in n.args):
+                    return True
+                called.add(func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None)
+            elif isinstance(n, ast.Name) and n.id in _NO_GRAD or isinstance(n, ast.Attribute) and n.attr in _NO_GRAD:
+                return True
+        return bool(called & self.steppers)
