@@ -103,8 +103,12 @@ def test_what_the_step_uses_is_found_through_closures_and_attributes():
 
 
 def test_a_wrapped_model_is_found():
+    """DataParallel over several GPUs replicates the module every step; on one GPU it calls the module."""
     model = torch.nn.DataParallel(torch.nn.Linear(2, 2))
+    model.device_ids = [0, 1]
     assert "DataParallel" in why_not_capturable([model], [])
+    model.device_ids = [0]
+    assert why_not_capturable([model], []) is None
 
 
 def test_graphed_module_is_eager_off_cuda():

@@ -1,6 +1,6 @@
 """graphify.runtime on a GPU: a failed capture falls back with state intact, re-entered loops reuse their
 graphs, nested outputs replay, a DDP model built outside the capture stream runs eagerly with one warning,
-and a GPU-bound step stays eager."""
+a one-GPU DataParallel model is captured, and a GPU-bound step stays eager."""
 
 from __future__ import annotations
 
@@ -170,3 +170,18 @@ def test_a_gpu_bound_step_stays_eager_unless_asked(monkeypatch, size, always, ca
     messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
     assert (messages != []) == (not captured), messages
     assert all("no gain expected: GPU-bound" in m for m in messages)
+
+
+def test_a_one_gpu_dataparallel_model_is_captured_and_trains_the_same():
+    """`nn.DataParallel` on one GPU (common in single-GPU scripts) calls its module directly: it captures."""
+    expected = _run(_eager_step)
+    model, opt, batches = _setup()
+    wrapped = torch.nn.DataParallel(model, device_ids=[torch.cuda.current_device()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphifyFallbackWarning)
+        step = CapturedStep(_eager_step(wrapped, opt))
+        for x, y in batches:
+            step(x, y)
+    assert step.state.graphs
+    for a, b in zip(expected[0], _state(model, opt)[0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

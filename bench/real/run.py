@@ -83,6 +83,8 @@ def _environment(run: dict) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1", MPLBACKEND="Agg")
     if run.get("cifar_shim"):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE / "shim"), env.get("PYTHONPATH")]))
+    if run.get("terminal_shim"):  # `stty size` answers without a terminal
+        env["PATH"] = os.pathsep.join([str(HERE / "shim" / "bin"), env.get("PATH", "")])
     return env
 
 

@@ -88,6 +88,8 @@ def why_not_capturable(objects, optimizers) -> str | None:
                     why = why_ddp_not_capturable(m)
                     if why is not None:
                         return why
+                elif isinstance(m, torch.nn.DataParallel) and len(m.device_ids) <= 1:
+                    continue  # one device: its forward calls the module on inputs already there, nothing to replicate
                 elif type(m).__name__ in _WRAPPERS:
                     return f"the step runs a {type(m).__name__} model, whose step is not captured yet"
     for opt in optimizers:

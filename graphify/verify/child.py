@@ -267,12 +267,18 @@ def _seed(torch) -> None:
 def _same_arithmetic(torch) -> None:
     """On CUDA, both versions run with the arithmetic a capture uses, so that what is compared is the
     capture itself: deterministic cuDNN algorithms (its default backward kernels are not bit-reproducible
-    run to run), and `capturable=True` for optimizers that have the flag (CapturedStep switches them on;
+    run to run) chosen without benchmarking (`cudnn.benchmark = True` in the script is kept off: the
+    fastest algorithm by timing differs from process to process, and so do its roundings), and
+    `capturable=True` for optimizers that have the flag (CapturedStep switches them on;
     their device-side bias correction differs from the host-side one by rounding that training amplifies,
     a property of the optimizer that the GPU tests measure separately)."""
     if not torch.cuda.is_available():
         return
     torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    benchmark = type(torch.backends.cudnn).__dict__.get("benchmark")
+    if hasattr(benchmark, "setter"):
+        benchmark.setter = lambda value: None
     init = torch.optim.Optimizer.__init__
 
     def capturable_init(self, params, defaults):
