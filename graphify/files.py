@@ -73,10 +73,14 @@ def python_syntax_error(source: str, path: str) -> str | None:
     return None
 
 
+def is_notebook(path: str) -> bool:
+    return path.endswith(".ipynb")
+
+
 def named_files(paths: Sequence[str]) -> set[str]:
     """The paths given as files (not found in a folder): these are parsed even when no loop could be in
     them, so that their syntax errors are reported (folders skip files without training markers unparsed)."""
-    return {p for p in paths if os.path.isfile(p) and not p.endswith(".ipynb")}
+    return {p for p in paths if os.path.isfile(p) and not is_notebook(p)}
 
 
 def decode_source(data: bytes) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -91,7 +92,7 @@ class Report:
         starts = self.cell_starts.get(path)
         if not starts:
             return None, line
-        cell = max((i for i, start in enumerate(starts) if start <= line), default=0)
+        cell = max(bisect.bisect_right(starts, line) - 1, 0)
         return cell + 1, line - starts[cell] + 1
 
     def where(self, path: str, line: int) -> str:

@@ -18,17 +18,13 @@ import json
 import re
 from dataclasses import dataclass
 
-from graphify.files import MAX_BYTES, SourceError, read_source
+from graphify.files import MAX_BYTES, SourceError, is_notebook, read_source
 
 NOTEBOOK_MAX_BYTES = 16 * MAX_BYTES  # outputs (plots, tables) make notebooks large; the code limit stays MAX_BYTES
 
 _TIMING_CELL_MAGICS = {"time", "timeit", "capture", "prun"}  # their body is Python and runs
 _MAGIC_LINE = re.compile(r"^(\s*)([%!?]|[^#\s].*\?\s*$)")
 _SHELL_ASSIGNMENT = re.compile(r"^(\s*[\w.\[\], ]+=\s*)[!%].*$")
-
-
-def is_notebook(path: str) -> bool:
-    return path.endswith(".ipynb")
 
 
 class CellSpanError(Exception):
@@ -103,7 +99,7 @@ class Notebook:
         if not owner:
             raise CellSpanError("the notebook has no code cell to write into")
         if at == 0 or at == len(owner) or owner[at - 1] == owner[at]:
-            return owner[min(at, len(owner) - 1)] if at < len(owner) else owner[-1]
+            return owner[at] if at < len(owner) else owner[-1]
         code = [line.strip() for line in inserted if line.strip()]
         is_import = all(line.startswith(("import ", "from ")) for line in code)
         return owner[at - 1] if is_import else owner[at]
@@ -130,8 +126,7 @@ def read_notebook(path: str, text: str | None = None) -> Notebook:
         lines = code.splitlines(keepends=True)
         if lines and not lines[-1].endswith(("\n", "\r")):
             lines[-1] += "\n"
-        converted = _as_python(lines)
-        _check_syntax("".join(converted), number)
+        converted = _as_python(lines, number)
         starts.append(line)
         line += len(lines)
         raw.append(lines)
@@ -142,37 +137,39 @@ def read_notebook(path: str, text: str | None = None) -> Notebook:
     return notebook
 
 
-def _as_python(lines: list[str]) -> list[str]:
-    if not lines:
-        return []
-    if lines[0].startswith("%%"):
-        magic = lines[0][2:].split(maxsplit=1)[0] if lines[0][2:].strip() else ""
-        if magic not in _TIMING_CELL_MAGICS:
-            return ["\n"] * len(lines)
-        return ["\n", *_as_python(lines[1:])]
+def _as_python(lines: list[str], number: int) -> list[str]:
+    """Cell `number`'s lines as Python: as written when they compile, else with IPython syntax made
+    `pass`; SourceError (with Python's message) when even that is not Python."""
+    magic = lines[0][2:].split(maxsplit=1)[0] if lines and lines[0].startswith("%%") and lines[0][2:].strip() else None
+    if lines and lines[0].startswith("%%") and magic not in _TIMING_CELL_MAGICS:
+        return ["\n"] * len(lines)
+    head = ["\n"] if lines and lines[0].startswith("%%") else []  # a timing cell magic: its body is Python
+    body = lines[len(head) :]
+    if _syntax_error(head + body) is None:
+        return head + body
+    converted = head + [_python_line(line) for line in body]
+    error = _syntax_error(converted)
+    if error is not None:
+        raise SourceError(f"cell {number}: {error}")
+    return converted
+
+
+def _python_line(line: str) -> str:
+    if m := _SHELL_ASSIGNMENT.match(line):
+        return f"{m.group(1)}None\n"
+    if m := _MAGIC_LINE.match(line):
+        return f"{m.group(1)}pass\n"
+    return line
+
+
+def _syntax_error(lines: list[str]) -> str | None:
     try:
         compile("".join(lines), "<cell>", "exec", dont_inherit=True, flags=0x400)  # PyCF_ONLY_AST
-        return list(lines)
-    except (SyntaxError, ValueError):
-        pass
-    out = []
-    for line in lines:
-        if m := _SHELL_ASSIGNMENT.match(line):
-            out.append(f"{m.group(1)}None\n")
-        elif m := _MAGIC_LINE.match(line):
-            out.append(f"{m.group(1)}pass\n")
-        else:
-            out.append(line)
-    return out
-
-
-def _check_syntax(code: str, number: int) -> None:
-    try:
-        compile(code, "<cell>", "exec", dont_inherit=True, flags=0x400)
     except SyntaxError as exc:
-        raise SourceError(f"cell {number}: syntax error at line {exc.lineno}, column {exc.offset}: {exc.msg}") from None
+        return f"syntax error at line {exc.lineno}, column {exc.offset}: {exc.msg}"
     except ValueError as exc:
-        raise SourceError(f"cell {number}: {exc}") from None
+        return str(exc)
+    return None
 
 
 def _dump_like(data: dict, original: str) -> str:

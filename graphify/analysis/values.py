@@ -80,10 +80,11 @@ class Env:
             if kind is not None:
                 return kind
         values = self.values_of(name)
-        if any(isinstance(v, cst.Call) and self._kind_of_call(v, depth + 1) == DDP for v in values):
+        call_kinds = {id(v): self._kind_of_call(v, depth + 1) for v in values if isinstance(v, cst.Call)}
+        if DDP in call_kinds.values():
             return DDP  # `model = DDP(model, ...)`: the name holds the wrapper from there on
         for value in values:
-            kind = self.kind_of(value, depth + 1)
+            kind = call_kinds[id(value)] if id(value) in call_kinds else self.kind_of(value, depth + 1)
             if kind is not None:
                 return kind
         return kind_by_name(name)

@@ -15,9 +15,9 @@ import tokenize
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from graphify.files import SourceError, python_syntax_error, read_source
+from graphify.files import SourceError, is_notebook, python_syntax_error, read_source
 from graphify.model import Report, Verdict
-from graphify.notebooks import CellSpanError, is_notebook, read_notebook
+from graphify.notebooks import CellSpanError, read_notebook
 from graphify.rewrite import RewriteResult, rewrite_source
 from graphify.rewrite.bundle import RuntimeChoice, vendor_code
 
@@ -147,23 +147,23 @@ def rewrite_files(
         if path in named and not result.outcomes and not result.errors and (error := python_syntax_error(source, path)):
             run.errors.append(f"{path}: {error}")
         starts = notebook.starts if notebook else None
-        text, diff = result.code, ""
+        text, cells = result.code, {}
         if result.changed and notebook:
             try:
                 text, cells = notebook.with_source(result.code)
             except CellSpanError as e:  # the loops stay as they are, and are not pending: they cannot be rewritten
                 run.notes.append(f"{path}: left unchanged: {e}")
                 continue
-            diff = "".join(unified_diff(f"{path}:cell {n}", _ended(before), _ended(after)) for n, (before, after) in cells.items())
-        elif result.changed:
-            diff = unified_diff(path, source, result.code)
         run.pending += sum(o.rewritten for o in result.outcomes)
         if check_only or not result.changed:
             run.notes.extend(loop_notes(result, False, starts))
             continue
         run.changed.append(path)
         if not in_place:
-            run.diffs.append(diff)
+            if notebook:
+                run.diffs.append("".join(unified_diff(f"{path}:cell {n}", _ended(old), _ended(new)) for n, (old, new) in cells.items()))
+            else:
+                run.diffs.append(unified_diff(path, source, result.code))
             run.notes.extend(loop_notes(result, False, starts))
             continue
         if verify is not None and notebook:

@@ -56,20 +56,6 @@ def _parts() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(imports), tuple(bodies)
 
 
-def bundle_names() -> set[str]:
-    """Top-level names the bundle defines (they must not clash with a file's own names)."""
-    names = set()
-    for stmt in cst.parse_module("".join(_parts()[1])).body:
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-            names.add(stmt.name.value)
-        elif isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                if isinstance(small, (cst.Assign, cst.AnnAssign)):
-                    targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
-                    names |= {t.value for t in targets if isinstance(t, cst.Name)}
-    return names
-
-
 @dataclass(frozen=True)
 class RuntimeChoice:
     mode: str = "import"  # "import" | "vendor" | "inline"
