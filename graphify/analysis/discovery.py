@@ -314,9 +314,11 @@ class ModuleAnalysis:
 
     # ---- walking ----------------------------------------------------------------------------
 
-    def _walk(self, block: Block, root: cst.CSTNode, skip_nested, follow: bool, visited: set[int], depth: int = 0):
+    def _walk(self, block: Block, root: cst.CSTNode, skip_nested, follow: bool, visited: set[int], depth: int = 0, repeats=None):
         """Yield (node, Site) for everything one iteration of the loop `root` runs (or, in a called
-        function's block, one statement `root` of it), following calls into analysed functions."""
+        function's block, one statement `root` of it), following calls into analysed functions. A
+        function is walked once, from its first call; `repeats` (function id -> [(call, Site)]) receives
+        its later calls."""
         loop = root if block.call is None else None
         stack: list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] = [(root, ())]
         pending: list[Block] = []
@@ -333,6 +335,8 @@ class ModuleAnalysis:
                 if callee is not None and id(callee.func.node) not in visited:
                     visited.add(id(callee.func.node))
                     pending.append(callee)
+                elif callee is not None and repeats is not None:
+                    repeats.setdefault(id(callee.func.node), []).append((node, Site(block, ancestors)))
             child_ancestors = ancestors + (node,)
             kids = _children(node)
             if isinstance(node, cst.For) and node is loop:
@@ -340,7 +344,7 @@ class ModuleAnalysis:
             stack.extend((k, child_ancestors) for k in reversed(kids))
         for callee in pending:
             for stmt in callee.stmts:
-                yield from self._walk(callee, stmt, skip_nested, follow, visited, depth + 1)
+                yield from self._walk(callee, stmt, skip_nested, follow, visited, depth + 1, repeats)
 
     def _direct_work(self, block: Block, loop: cst.CSTNode) -> tuple[bool, bool]:
         steps = models = False
@@ -369,7 +373,7 @@ class ModuleAnalysis:
     def _region(self, body: Block, loop, include_nested) -> Region:
         region = Region(loop, body.func, blocks=[body])
         visited = {id(body.func.node)}
-        for node, site in self._walk(body, loop, include_nested, True, visited):
+        for node, site in self._walk(body, loop, include_nested, True, visited, repeats=region.repeats):
             region.nodes.append((node, site))
             if site.block not in region.blocks:
                 region.blocks.append(site.block)

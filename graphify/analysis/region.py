@@ -41,6 +41,9 @@ class Region:
     func: FunctionInfo
     nodes: list[tuple[cst.CSTNode, Site]] = field(default_factory=list)
     blocks: list[Block] = field(default_factory=list)
+    # a function called from several places is walked once, from its first call: id of the function's
+    # node -> its later calls, each with where it stands
+    repeats: dict[int, list[tuple[cst.Call, Site]]] = field(default_factory=dict)
 
     @property
     def body_block(self) -> Block:
@@ -52,6 +55,25 @@ class Region:
         while block.parent is not None and block.parent is not self.body_block:
             block = block.parent
         return block.call if block.parent is self.body_block else None
+
+    def body_calls_of(self, site: Site) -> list[cst.Call]:
+        """For a node inside a called function, every call in the loop body that leads to it: the first
+        one, and those that reach the same function (or a function between) again."""
+        calls, seen, pending = [], set(), [site]
+        while pending:
+            block = pending.pop().block
+            while block is not None and block is not self.body_block:
+                if id(block.func.node) not in seen:
+                    seen.add(id(block.func.node))
+                    for call, call_site in self.repeats.get(id(block.func.node), []):
+                        if call_site.block is self.body_block:
+                            calls.append(call)
+                        else:
+                            pending.append(call_site)
+                if block.parent is self.body_block:
+                    calls.append(block.call)
+                block = block.parent
+        return calls
 
 
 @dataclass

@@ -65,6 +65,9 @@ class Plan:
     hoisted: dict[int, tuple[cst.BaseStatement, cst.BaseStatement]] = field(default_factory=dict)
     hoisted_reads: set[int] = field(default_factory=set)  # ids of the host-read calls moved out
     pulled_in: list[int] = field(default_factory=list)  # statements before `first` moved into the step
+    # `torch.randn(b, n).to(device)` in a captured statement -> (input name, the expression), evaluated
+    # before the call in source order (draws.py); keyed by the expression's id
+    draws: dict[int, tuple[str, cst.BaseExpression]] = field(default_factory=dict)
 
 
 def body_of(loop: Loop) -> list[cst.BaseStatement]:
@@ -127,13 +130,13 @@ def line(plan: Plan, node: cst.CSTNode) -> int:
         return plan.loop.module.position(plan.loop.node).start.line
 
 
-def body_node_of(plan: Plan, node: cst.CSTNode) -> cst.CSTNode:
-    """The node itself when it is in the loop body, else the body's call that leads to it."""
+def body_nodes_of(plan: Plan, node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The node itself when it is in the loop body, else the body's calls that lead to it."""
     region = plan.loop.region
     site = next((st for n, st in region.nodes if n is node), None)
     if site is None or site.block is region.body_block:
-        return node
-    return region.body_call_of(site) or node
+        return [node]
+    return region.body_calls_of(site) or [node]
 
 
 def device_in_loop_scope(plan: Plan, call: cst.Call) -> cst.BaseExpression | None:

@@ -101,14 +101,12 @@ def captured_nodes(plan, body):
     here = Site(region.body_block, ())
     for i in plan.graph:
         stmt = plan.hoisted[i][0] if i in plan.hoisted else body[i]
-        kept_out = {id(body[i].body.body[k]) for k in plan.split_ifs.get(i, [])}
+        kept_out = {id(body[i].body.body[k]) for k in plan.split_ifs.get(i, [])} | set(plan.draws)
         for n in _walk_except(stmt, kept_out):
             yield n, here
     for node, site in region.nodes:
-        if site.block is not region.body_block:
-            call = region.body_call_of(site)
-            if call is not None and id(call) in graph_ids:
-                yield node, site
+        if site.block is not region.body_block and any(id(call) in graph_ids for call in region.body_calls_of(site)):
+            yield node, site
 
 
 def _walk_except(root, skipped: set[int]):
@@ -168,9 +166,9 @@ def check_loop_mutations(plan, body, refuse) -> None:
     kept_out = {id(n) for i, ks in plan.split_ifs.items() for k in ks for n in walk(body[i].body.body[k])}
     assigned = []  # (chain in the loop's scope, node)
     for node, site in region.nodes:
-        anchor = node if site.block is region.body_block else region.body_call_of(site)
-        if anchor is None or (id(anchor) in graph_ids and id(anchor) not in kept_out):
-            continue
+        anchors = [node] if site.block is region.body_block else region.body_calls_of(site)
+        if not anchors or all(id(anchor) in graph_ids and id(anchor) not in kept_out for anchor in anchors):
+            continue  # only the step reaches it
         if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
             assigned += [(_in_loop_scope(dotted(t), site, region), node) for t in _attribute_targets(node)]
     if not assigned:
@@ -231,7 +229,11 @@ def check_moved_statement(plan, body, index: int, refuse) -> None:
     inside = {id(n) for n in walk(body[index])}
     here = Site(region.body_block, ())
     nodes = [(n, here) for n in walk(body[index])]
-    nodes += [(n, site) for n, site in region.nodes if site.block is not region.body_block and id(region.body_call_of(site)) in inside]
+    nodes += [
+        (n, site)
+        for n, site in region.nodes
+        if site.block is not region.body_block and any(id(call) in inside for call in region.body_calls_of(site))
+    ]
     for n, site in nodes:
         why = _moved_effect(n, site.env, later, followed)
         if why:

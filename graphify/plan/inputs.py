@@ -15,13 +15,14 @@ from graphify.analysis.tree import children
 from graphify.analysis.values import Env
 from graphify.plan import dataflow
 from graphify.plan.base import Plan, is_shape_read, rebound_in_loop
+from graphify.plan.draws import replace_draws
 from graphify.rules.rewrite_safety import (
     PER_STEP_HOST_VALUE,
 )
 
 
 def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enclosing: cst.CSTNode, refuse) -> None:
-    graph_stmts = [plan.hoisted[i][0] if i in plan.hoisted else body[i] for i in plan.graph]
+    graph_stmts = [plan.hoisted[i][0] if i in plan.hoisted else replace_draws(plan, body[i]) for i in plan.graph]
     written = set().union(*(names_written(s) for s in graph_stmts))
     for index, host in plan.split_ifs.items():  # host statements of keyed ifs leave the step
         stmt = body[index]
@@ -50,7 +51,7 @@ def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enc
                         refuse(PER_STEP_HOST_VALUE, reader, why)
                 continue
             inputs.append(name)
-    plan.inputs = _in_source_order(inputs, graph_stmts)
+    plan.inputs = _in_source_order(inputs + [name for name, _ in plan.draws.values()], graph_stmts)
     plan.outputs = _in_source_order([n for n in written if n in outside], graph_stmts)
     after_loop = _names_read_outside(enclosing, {id(plan.loop.node)})
     plan.clones = [n for n in plan.outputs if n in after_loop or _kept_in_loop(n, body, plan)]

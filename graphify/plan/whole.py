@@ -25,14 +25,14 @@ from graphify.analysis.statements import (
 )
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
-from graphify.analysis.vocabulary import OPTIMIZER
+from graphify.analysis.vocabulary import MODEL, OPTIMIZER
 from graphify.plan import dataflow
 from graphify.plan.base import (
     EMPTY,
     FIXED_IN_PLACE,
     Plan,
     Refusal,
-    body_node_of,
+    body_nodes_of,
     body_of,
     device_in_loop_scope,
     has_side_effects,
@@ -43,6 +43,7 @@ from graphify.plan.base import (
     same,
     sets_lr,
 )
+from graphify.plan.draws import drawn_nodes, plan_draws
 from graphify.plan.inputs import find_inputs_outputs, is_shape_value
 from graphify.plan.names import fresh_name
 from graphify.rules.devices import HOST_TENSOR_COPY, device_for_factory
@@ -50,6 +51,7 @@ from graphify.rules.distributed import DDP_MODEL
 from graphify.rules.rewrite_safety import (
     HOST_BRANCH_IN_STEP,
     LOOP_SHAPE,
+    ORDER,
     PER_STEP_HOST_VALUE,
 )
 
@@ -76,8 +78,8 @@ def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refu
         raise Refusal(LOOP_SHAPE, "loops with an `else:` clause are not rewritten", loop.node)
     body = body_of(loop)
     env = loop.region.body_block.env
-    step_calls, model_calls = _calls_into_step(loop)
-    env.gpu_calls = step_calls | model_calls
+    step_calls, model_calls, zeroing_calls = _calls_into_step(loop)
+    env.gpu_calls = step_calls | model_calls | zeroing_calls
 
     def holds(stmt, test, via):
         return any(isinstance(n, cst.Call) and (test(n, env) or id(n) in via) for n in walk(stmt))
@@ -99,6 +101,10 @@ def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refu
     _refuse_closures(plan, body, refuse)
     _split_step(plan, body, env, refuse)
     _pull_in_zero_grad(plan, body, env)
+    if plan.keys and any(id(n) in zeroing_calls for i in plan.graph for n in walk(body[i])):
+        # each keyed graph keeps its own gradient buffers only if zero_grad keeps them (set_to_none=False)
+        refuse(LOOP_SHAPE, None, "gradients are zeroed inside a function the step calls, between keyed branches")
+    plan_draws(plan, body, findings, env)
     dataflow.check_captured_code(plan, body, refuse)
     _check_breakers(plan, findings, body, refuse)
     plan.device_factories = {
@@ -128,21 +134,22 @@ def _refuse_closures(plan: Plan, body: list[cst.BaseStatement], refuse) -> None:
                 refuse(LOOP_SHAPE, n, "a function defined inside the loop reads its names at call time")
 
 
-def _calls_into_step(loop: Loop) -> tuple[set[int], set[int]]:
-    """Calls in the loop body that run a backward/optimizer step, or a model, inside a called function."""
-    steps, models = set(), set()
+def _calls_into_step(loop: Loop) -> tuple[set[int], set[int], set[int]]:
+    """Calls in the loop body that run a backward/optimizer step, a model, or zero gradients
+    (`reset_grad()`), inside a called function."""
+    steps, models, zeroing = set(), set(), set()
     region = loop.region
     for node, site in region.nodes:
         if site.block is region.body_block or not isinstance(node, cst.Call):
             continue
-        call = region.body_call_of(site)
-        if call is None:
-            continue
+        calls = {id(call) for call in region.body_calls_of(site)}
         if is_step_op(node, site.env):
-            steps.add(id(call))
+            steps |= calls
         elif is_model_call(node, site.env):
-            models.add(id(call))
-    return steps, models
+            models |= calls
+        elif is_zero_grad(node) and site.env.kind_of(node.func.value) in (OPTIMIZER, MODEL):
+            zeroing |= calls
+    return steps, models, zeroing
 
 
 def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> None:
@@ -164,10 +171,12 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> 
             plan.graph.append(i)
             graph_writes |= names_written(plan.hoisted[i][0])
             continue
-        later_reads = set().union(*(names_read(body[j]) for j in span[pos + 1 :])) if pos + 1 < len(span) else set()
+        later_reads = set().union(*(names_read(body[j]) for j in span[pos + 1 :]))
+        # a statement moved after the call must not read a name the rest of the step binds again
+        rebound_later = names_read(stmt) & set().union(*(names_written(body[j]) for j in span[pos + 1 :]))
         writes = names_written(stmt)
         if does_gpu_work(stmt, env):
-            if _is_side_computation(stmt, env) and not writes & later_reads:
+            if _is_side_computation(stmt, env) and not writes & later_reads and not rebound_later:
                 # `total_loss += loss.detach()`: nothing in the step needs it, so it runs after the call
                 plan.after.append(i)
                 continue
@@ -175,6 +184,8 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> 
             graph_writes |= writes
             if isinstance(stmt, cst.If):
                 _plan_keyed_if(plan, i, stmt, env, refuse)
+                host = [stmt.body.body[k] for k in plan.split_ifs.get(i, [])]
+                _refuse_rebound(host, set().union(*(names_written(body[j]) for j in span[pos + 1 :])), refuse)
             continue
         if writes & later_reads:
             varying = {n for n in (names_read(stmt) & rebound) - graph_writes if not is_shape_value(n, body)}
@@ -183,6 +194,11 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> 
                 refuse(PER_STEP_HOST_VALUE, stmt, f"a host statement the step needs {why}; capture would run it once", certain=False)
             plan.graph.append(i)  # a host value the step needs (a shape, a constant): computed once at capture
             graph_writes |= writes
+        elif rebound_later and not has_side_effects(stmt):
+            plan.graph.append(i)  # `real_score = outputs` before `outputs` is bound again: kept in its place
+            graph_writes |= writes
+        elif rebound_later:
+            _refuse_rebound([stmt], rebound_later, refuse)
         elif names_read(stmt) & graph_writes or not sets_lr(stmt):
             plan.after.append(i)
         else:
@@ -203,11 +219,19 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> 
         m = method_call(node)
         if m is None or m[1] != "step" or not is_step_op(node, site.env) or site.env.kind_of(m[0]) != OPTIMIZER:
             continue
-        if not any(contains(s, body_node_of(plan, node)) for s in graph_nodes):
+        if not any(contains(s, anchor) for s in graph_nodes for anchor in body_nodes_of(plan, node)):
             continue
         optimizer = in_loop_scope(plan, m[0], site.block)  # the runtime finds the optimizers itself
         if optimizer is not None and not any(same(optimizer, o) for o in plan.optimizers):
             plan.optimizers.append(optimizer)
+
+
+def _refuse_rebound(stmts: list[cst.BaseStatement], rebound: set[str], refuse) -> None:
+    for stmt in stmts:
+        names = sorted(names_read(stmt) & rebound)
+        if names:
+            why = f"reads `{names[0]}` before the step binds it again: after the call it would read the new value"
+            refuse(ORDER, stmt, f"a host statement inside the step {why}")
 
 
 def _pull_in_zero_grad(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
@@ -321,25 +345,30 @@ def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env, refuse) -> No
 
 def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStatement], refuse) -> None:
     captured = [body[i] for i in plan.graph]
+    drawn = drawn_nodes(plan)
     for f in findings:
-        if (f.rule.code in FIXED_IN_PLACE and removable(f)) or id(f.node) in plan.hoisted_reads:
+        if (f.rule.code in FIXED_IN_PLACE and removable(f)) or id(f.node) in plan.hoisted_reads or id(f.node) in drawn:
             continue
         if f.rule is HOST_TENSOR_COPY and removable(f):  # its factory gets `device=` (plan.device_factories)
             continue
-        anchor = body_node_of(plan, f.node)
+        anchors = body_nodes_of(plan, f.node)  # a function the body calls twice: each call
         if not removable(f):
             # a breaker in a statement that stays outside the step runs eagerly, where it stands; the
             # fixed-in-place rules and dynamic shapes describe the captured step wherever they are reported
             if (
                 f.rule.code not in FIXED_IN_PLACE
                 and f.rule.category != "dynamic-shape"
-                and any(contains(s, anchor) for s in body)
-                and not any(contains(s, anchor) for s in captured)
+                and all(any(contains(s, anchor) for s in body) for anchor in anchors)
+                and not any(contains(s, anchor) for s in captured for anchor in anchors)
             ):
                 continue
             refuse(f.rule, f.node, f.message)
             continue
-        if f.rule.code == "GFY301" and any(contains(body[i], anchor) for i in plan.graph):
+        in_graph = [(s, anchor) for anchor in anchors for s in captured if contains(s, anchor)]
+        if not in_graph:
+            continue
+        stmt, anchor = in_graph[0]
+        if f.rule.code == "GFY301":
             # An input copied inside the step: CapturedStep moves host inputs to `device` first,
             # which turns the copy into a no-op.
             device = device_in_loop_scope(plan, f.node)
@@ -348,13 +377,9 @@ def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStat
                 continue
             plan.device = plan.device or device
             continue
-        in_graph = [s for s in captured if contains(s, anchor)]
-        if not in_graph:
-            continue
         if anchor is not f.node:
             refuse(f.rule, f.node, f"{f.message} (inside a function the step calls)")
             continue
-        stmt = in_graph[0]
         index = body.index(stmt)
         moved = plan.split_ifs.get(index, [])
         if not any(contains(stmt.body.body[k], f.node) for k in moved) if index in plan.split_ifs else True:

@@ -53,6 +53,8 @@ class Rewriter(cst.CSTTransformer):
         self.device_factories = {k: v for e in emissions if isinstance(e.plan, Plan) for k, v in e.plan.device_factories.items()}
         self.ddp_builds = {k for e in emissions if isinstance(e.plan, Plan) for k in e.plan.ddp_builds}
         self.ddp_builder = helper_names.get(DDP_BUILDER, DDP_BUILDER)
+        # expressions of a step evaluated before its call: the step reads their input instead
+        self.drawn = {k: name for e in emissions if isinstance(e.plan, Plan) for k, (name, _) in e.plan.draws.items()}
         self.renames: dict[int, str] = {}  # model call -> the graphed module it now calls
         self.defs: dict[int, list[cst.BaseStatement]] = {}
         for e in emissions:
@@ -77,7 +79,9 @@ class Rewriter(cst.CSTTransformer):
 
     # ---- calls edited in place ---------------------------------------------------------------
 
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if id(original) in self.drawn:
+            return cst.Name(self.drawn[id(original)])
         if id(original) in self.renames:
             return updated.with_changes(func=cst.Name(self.renames[id(original)]))
         if id(original) in self.device_factories:  # `torch.zeros(n).to(device)` -> `torch.zeros(n, device=device)`
@@ -135,6 +139,11 @@ class Rewriter(cst.CSTTransformer):
                 leading_lines=[_comment("copy outputs kept beyond this step: the next replay overwrites them")]
             )
 
+        draws = [cst.parse_statement(f"{name} = {_EMPTY.code_for_node(expr)}") for name, expr in plan.draws.values()]
+        if draws:
+            draws[0] = draws[0].with_changes(
+                leading_lines=[_comment("tensors the step builds from host values (random draws), built before it in the same order")]
+            )
         after = sorted(plan.after + plan.tail + list(plan.split_ifs) + list(plan.hoisted))
         moved_after = []
         for i in after:
@@ -148,6 +157,7 @@ class Rewriter(cst.CSTTransformer):
         body = (
             [s for i, s in enumerate(stmts[: plan.first]) if i not in plan.pulled_in]
             + [stmts[i] for i in plan.before]
+            + draws
             + [call_stmt]
             + clones
             + moved_after
