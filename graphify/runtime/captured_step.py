@@ -39,8 +39,8 @@ class _Captures:
         self.lr_tensors: list = []  # [param group, device tensor, float it holds]
         self.frozen: list = []  # (param group, name, value at capture) the graph cannot follow
         self.recaptures = 0  # times the graphs were dropped because a frozen setting changed
-        self.load = None  # (start event, end event, host seconds) of the last warmup step; "checked" once used
-        self.measured: tuple | None = None  # (GPU ms, host ms) of that step
+        self.load = None  # (start event, end event, host seconds) of the last warmup step
+        self.measured: tuple | None = None  # (GPU ms, host ms) of that step, once the capture decision used it
 
 
 _registry: dict = {}  # step code object -> _Captures of its latest bindings, newest last
@@ -167,10 +167,9 @@ class CapturedStep:
         """Whether the last warmup step kept the GPU busy far longer than the host took to launch it (decided
         once, before the first capture): then a replay gains nothing and the step stays eager."""
         state = self.state
-        if not isinstance(state.load, tuple) or os.environ.get("GRAPHIFY_CAPTURE") == "always":
+        if state.load is None or state.measured is not None or os.environ.get("GRAPHIFY_CAPTURE") == "always":
             return False
         start, end, host_s = state.load
-        state.load = "checked"
         end.synchronize()
         gpu_ms, host_ms = start.elapsed_time(end), host_s * 1e3
         state.measured = (gpu_ms, host_ms)
@@ -201,21 +200,19 @@ class CapturedStep:
             failure = None
         finally:
             torch.set_autocast_cache_enabled(cache)
+            for group, lr in swapped:  # the graph reads the tensors; the groups show floats again
+                group["lr"] = lr
         if state.ddps:  # every rank takes part, whatever its own outcome
             agreed = all_ranks_agree(failure is None, state.ddps, device)
             if failure is None and not agreed:
                 failure = "the capture failed on another rank (captured collectives must match on every rank)"
         if failure is not None:
-            for group, lr in swapped:
-                group["lr"] = lr
             state.lr_tensors.clear()
             state.frozen.clear()
             self._restore_host_state(saved)
             state.disabled = failure
             self._warn(failure)
             return self._eager(tensors, inputs)
-        for group, lr in swapped:
-            group["lr"] = lr
         state.pool = graph.pool()
         state.graphs[key] = (graph, leaves(static_inputs), static_outputs)
         if state.ddps and len(state.graphs) == 1:

@@ -76,10 +76,14 @@ _teardown_callbacks: list = []  # free the graphs of DDP steps
 def free_before_teardown(callback) -> None:
     """Have `callback()` (which drops graphs holding collectives) run before any process group is
     destroyed, and at exit for a script that never destroys it."""
-    if not _teardown_callbacks:
-        _wrap_destroy_process_group()
-        atexit.register(_free_graphs)
+    _install_teardown_hooks()
     _teardown_callbacks.append(callback)
+
+
+@functools.cache
+def _install_teardown_hooks() -> None:
+    _wrap_destroy_process_group()
+    atexit.register(_free_graphs)
 
 
 def _free_graphs() -> None:
