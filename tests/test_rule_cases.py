@@ -9,7 +9,8 @@ from graphify.config import Settings
 from graphify.engine import analyze_source
 
 _HEADER = """\
-import os, shutil
+import os, random, shutil
+import numpy as np
 import torch
 import torchvision
 import torch.nn as nn
@@ -140,6 +141,42 @@ CASES = {
         for step, (x, y) in enumerate(loader):
             criterion(model(x), y).backward()
             opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY702-host-random-branch": (
+        "GFY702",
+        """
+        for x, y in loader:
+            if random.random() < 0.1:  # here
+                x = x.flip(0)
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+            keep = np.random.rand() < 0.5  # here
+        """,
+        """
+        for x, y in loader:
+            scale = np.random.uniform(0.9, 1.1)
+            x = x * scale
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY701-counter-index": (
+        "GFY701",
+        """
+        losses = torch.zeros(100)
+        for step in range(100):
+            x, y = next(batches)
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            losses[step] = loss.detach()  # here
+        """,
+        """
+        xs, ys = torch.randn(100, 8, 4), torch.randint(0, 2, (100, 8))
+        for step in range(100):
+            x, y = xs[step], ys[step]
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
         """,
     ),
 }
