@@ -143,6 +143,23 @@ CASES = {
             opt.step(); opt.zero_grad()
         """,
     ),
+    "GFY001-nested-loop-of-inference-step": (
+        "GFY001",
+        """
+        with torch.no_grad():
+            for x, y in loader:
+                scores = model(x)
+                for row in scores:
+                    best = row.max().item()  # here
+        """,
+        """
+        with torch.no_grad():
+            for x, y in loader:
+                scores = model(x)
+        for row in scores:
+            best = row.max().item()
+        """,
+    ),
     "GFY702-host-random-branch": (
         "GFY702",
         """
