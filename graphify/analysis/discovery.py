@@ -102,7 +102,7 @@ class ModuleAnalysis:
                         absorbed.add(id(n))
                 found.append(Loop(node, func, "train", region, ancestors))
             elif direct_models and not self._has_step_anywhere(body, node) and self._under_no_grad(node, func, ancestors, env):
-                region = self._region(body, node, include_nested=lambda n, b, a: not self._calls_model(n, b))
+                region = self._region(body, node, include_nested=lambda *a: False)
                 found.append(Loop(node, func, "inference", region, ancestors))
         return found
 

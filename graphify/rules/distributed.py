@@ -4,7 +4,7 @@ import libcst as cst
 
 from graphify.analysis.checker import code_of
 from graphify.analysis.calls import method_call
-from graphify.analysis.vocabulary import DDP
+from graphify.analysis.vocabulary import ACCELERATOR, DDP
 from graphify.rules.registry import rule
 
 COLLECTIVE = rule(
@@ -44,14 +44,24 @@ _COLLECTIVES = {
     "broadcast_object_list",
 }
 
+# Accelerator methods that run a collective across processes (an all-gather, all-reduce or barrier).
+_ACCELERATE_COLLECTIVES = {"gather", "gather_for_metrics", "reduce", "pad_across_processes", "wait_for_everyone"}
+
+
+def _is_collective(call: cst.Call, env) -> bool:
+    qual = env.qualify(call.func) or ""
+    if qual.startswith("torch.distributed.") and qual.rsplit(".", 1)[-1] in _COLLECTIVES:
+        return True
+    m = method_call(call)
+    return m is not None and m[1] in _ACCELERATE_COLLECTIVES and env.kind_of(m[0]) == ACCELERATOR
+
 
 def check(ck):
     seen = set()
     for node, site in ck.nodes():
         env = site.env
         if isinstance(node, cst.Call):
-            qual = env.qualify(node.func) or ""
-            if qual.startswith("torch.distributed.") and qual.rsplit(".", 1)[-1] in _COLLECTIVES:
+            if _is_collective(node, env):
                 yield ck.finding(
                     COLLECTIVE,
                     node,

@@ -5,8 +5,8 @@ import libcst as cst
 from graphify.analysis.checker import code_of
 from graphify.analysis.names import dotted
 from graphify.analysis.calls import is_optimizer_step, is_periodic_gpu_branch, iter_nodes, method_call
-from graphify.analysis.statements import does_gpu_work
-from graphify.analysis.vocabulary import MODEL, OPTIMIZER, SCALER
+from graphify.analysis.statements import does_gpu_work, is_host_read_call
+from graphify.analysis.vocabulary import ACCELERATOR, MODEL, OPTIMIZER, SCALER
 from graphify.rules.registry import rule
 
 ACCUMULATION = rule(
@@ -66,8 +66,36 @@ def _run_constant(test, ck) -> bool:
     return True
 
 
+def _on_sync_boundary(test, env) -> bool:
+    """`accelerator.sync_gradients`: accelerate's step counter says whether this micro-step ends an
+    accumulation cycle, so it is true on one step in k."""
+    return any(
+        isinstance(n, cst.Attribute) and n.attr.value == "sync_gradients" and env.kind_of(n.value) == ACCELERATOR for n in iter_nodes(test)
+    )
+
+
+def _does_work(body, env) -> bool:
+    """Anything beyond logging and host reads: GPU work, or calls whose effect graphify cannot see."""
+    return any(isinstance(n, cst.Call) and not is_host_read_call(n, env) for n in iter_nodes(body))
+
+
+def _accumulates(item: cst.WithItem, env) -> bool:
+    m = method_call(item.item)
+    return m is not None and m[1] == "accumulate" and env.kind_of(m[0]) == ACCELERATOR
+
+
 def check(ck):
     for node, site in ck.nodes():
+        if isinstance(node, cst.WithItem) and _accumulates(node, site.env):
+            yield ck.finding(
+                ACCUMULATION,
+                node,
+                site,
+                f"`{code_of(node.item)}` steps and zeroes the optimizer only when an accumulation cycle ends",
+                "capture one graph per outcome of the accumulation condition, or accumulate by hand with `step % k`",
+                False,
+            )
+            continue
         if not isinstance(node, cst.If) or site.env._tensor(node.test, 0) is True:
             continue
         if _steps_optimizer(node.body, site.env) and not _run_constant(node.test, ck):
@@ -79,7 +107,11 @@ def check(ck):
                 "capture one graph per accumulation cycle (graphify rewrite does this for `step % k` conditions)",
                 _is_counter_modulo(node.test),
             )
-        elif is_periodic_gpu_branch(node, site.env) or (_reads_counter(node.test, ck) and does_gpu_work(node.body, site.env)):
+        elif (
+            is_periodic_gpu_branch(node, site.env)
+            or (_reads_counter(node.test, ck) and does_gpu_work(node.body, site.env))
+            or (_on_sync_boundary(node.test, site.env) and _does_work(node.body, site.env))
+        ):
             yield ck.finding(
                 PERIODIC_WORK,
                 node,

@@ -4,6 +4,7 @@ import libcst as cst
 
 from graphify.analysis.checker import code_of, is_logging_call
 from graphify.analysis.calls import method_call
+from graphify.analysis.names import dotted
 from graphify.rules.registry import rule
 
 LOGGING = rule(
@@ -18,10 +19,67 @@ CHECKPOINT = rule(
     "GFY512", "file-io-in-step", "logging-io", "warning", "`torch.save` and file writes in the step run only once, at capture", True
 )
 
-RULES = (LOGGING, CHECKPOINT)
+PROFILER = rule(
+    "GFY513",
+    "profiler-in-step",
+    "logging-io",
+    "warning",
+    "profiler schedules and CUDA memory recording advance on the host, once per step; a replay does not call them",
+    True,
+)
+
+RULES = (LOGGING, CHECKPOINT, PROFILER)
 
 
 _FILE_IO = {"torch.save", "numpy.save", "numpy.savez", "json.dump", "pickle.dump", "open", "shutil.copy", "shutil.copyfile"}
+# Files and directories changed or listed on disk: checkpoint rotation, output folders.
+_FILE_SYSTEM = {
+    "os.remove",
+    "os.unlink",
+    "os.rename",
+    "os.replace",
+    "os.makedirs",
+    "os.mkdir",
+    "os.rmdir",
+    "os.listdir",
+    "shutil.rmtree",
+    "shutil.move",
+    "shutil.copy2",
+    "shutil.copytree",
+}
+_PROFILER_CALLS = (
+    "torch.profiler.",
+    "torch.autograd.profiler.",
+    "torch.cuda.memory._record_memory_history",
+    "torch.cuda.memory._dump_snapshot",
+)
+
+
+def _is_file_write(call: cst.Call, env) -> bool:
+    """`f.write(...)` on a file the code opened: `with open(path, "w") as f`, `f = open(...)`."""
+    m = method_call(call)
+    if m is None or m[1] not in ("write", "writelines"):
+        return False
+    name = dotted(m[0])
+    return bool(name) and any(isinstance(v, cst.Call) and env.qualify(v.func) == "open" for v in env.values_of(name))
+
+
+def _is_saver(call: cst.Call, qual: str) -> bool:
+    """`save_image(...)`, `torchvision.utils.save_image(...)`, `saver.save_recovery(...)`."""
+    m = method_call(call)
+    return qual.rsplit(".", 1)[-1].startswith("save_") or (m is not None and m[1].startswith("save_"))
+
+
+def _is_profiler_step(call: cst.Call, env) -> bool:
+    m = method_call(call)
+    if m is None or m[1] != "step":
+        return False
+    name = dotted(m[0]) or ""
+    built = [v for v in env.values_of(name) if isinstance(v, cst.Call)]
+    return any((env.qualify(v.func) or "").startswith(_PROFILER_CALLS) for v in built) or name.rsplit(".", 1)[-1].lstrip("_") in (
+        "profiler",
+        "prof",
+    )
 
 
 def check(ck):
@@ -38,9 +96,16 @@ def check(ck):
             )
             continue
         qual = env.qualify(call.func) or ""
-        m = method_call(call)
-        is_save = m is not None and m[1] in ("save_pretrained", "save_checkpoint", "save_state")
-        if qual in _FILE_IO or is_save or (isinstance(call.func, cst.Name) and call.func.value.startswith("save_")):
+        if qual.startswith(_PROFILER_CALLS) or _is_profiler_step(call, env):
+            yield ck.finding(
+                PROFILER,
+                call,
+                site,
+                f"`{code_of(call)}` would run only once, at capture",
+                "step the profiler between replays, outside the captured region",
+                True,
+            )
+        elif qual in _FILE_IO or qual in _FILE_SYSTEM or _is_saver(call, qual) or _is_file_write(call, env):
             yield ck.finding(
                 CHECKPOINT,
                 call,

@@ -8,8 +8,9 @@ the step handed to code the analysis cannot see.
 
 import libcst as cst
 
-from graphify.analysis.calls import is_delegated_step
+from graphify.analysis.calls import is_delegated_step, is_periodic_gpu_branch, iter_nodes
 from graphify.analysis.checker import code_of
+from graphify.analysis.statements import does_gpu_work
 from graphify.analysis.vocabulary import SCALER
 from graphify.rules.registry import rule
 
@@ -83,7 +84,92 @@ FIXES = {
 }
 
 
+_HOST_RANDOM = ("random.", "numpy.random.")
+
+
+def _decides_gpu_work(node: cst.CSTNode, site) -> bool:
+    """In the test of an `if` that launches GPU work in one of its branches."""
+    branch = next((a for a in reversed(site.ancestors) if isinstance(a, cst.If)), None)
+    if branch is None or not any(n is node for n in iter_nodes(branch.test)):
+        return False
+    return does_gpu_work(branch.body, site.env) or (branch.orelse is not None and does_gpu_work(branch.orelse, site.env))
+
+
+def _statement_position(ck, node: cst.CSTNode, site) -> int:
+    """Where the node runs in the loop body: the position of its statement line, or of the body's call
+    that leads to it when it sits in a called function."""
+    call = ck.region.body_call_of(site)
+    if call is not None:
+        node, site = call, ck.region.nodes[ck.position(call)][1]
+    line = next((a for a in reversed(site.ancestors) if isinstance(a, cst.SimpleStatementLine)), node)
+    return ck.position(line)
+
+
+def _after_first_gpu_work(ck, node: cst.CSTNode, site) -> bool:
+    """After the statement that starts the step's GPU work (not in it: arguments of the first model call
+    are its inputs)."""
+    if ck.first_gpu_position >= len(ck.region.nodes):
+        return False
+    first, first_site = ck.region.nodes[ck.first_gpu_position]
+    return _statement_position(ck, node, site) > _statement_position(ck, first, first_site)
+
+
+def _host_random_draws(ck):
+    """Python or numpy RNG drawn inside the step (after its first GPU work, or deciding whether GPU work
+    runs): capture draws once and every replay repeats that outcome. Draws that build the step's inputs
+    before its first GPU work stay eager in the rewrite and are not reported."""
+    for node, site in ck.nodes():
+        if not isinstance(node, cst.Call) or not (site.env.qualify(node.func) or "").startswith(_HOST_RANDOM):
+            continue
+        if any(isinstance(a, cst.If) and is_periodic_gpu_branch(a, site.env) for a in site.ancestors):
+            continue  # evaluation or sampling every N steps runs eagerly between replays (GFY502)
+        if _after_first_gpu_work(ck, node, site) or _decides_gpu_work(node, site):
+            yield ck.finding(
+                HOST_SIDE_EFFECT,
+                node,
+                site,
+                f"`{code_of(node)}` draws a host random number in the step; capture would draw it once",
+                FIXES["GFY702"],
+            )
+
+
+def _is_number(name: str, ck) -> bool:
+    """A counter that holds a number (`step`, `t = T - 1 - i`), not index arrays sliced from it."""
+    values = ck.body_env.values_of(name)
+    return not any(isinstance(n, (cst.Subscript, cst.Call)) for v in values for n in iter_nodes(v))
+
+
+def _counter_index(node: cst.Subscript, ck) -> cst.BaseExpression | None:
+    """The index of `buf[step]`, `alphas[t]` when it is a per-step host counter of the loop."""
+    for el in node.slice:
+        if isinstance(el.slice, cst.Index):
+            names = [n.value for n in iter_nodes(el.slice.value) if isinstance(n, cst.Name)]
+            if names and all(n in ck.counters and _is_number(n, ck) for n in names):
+                return el.slice.value
+    return None
+
+
+def _counter_indexed_tensors(ck):
+    """A tensor read or written at a slot chosen by the loop's counter: capture fixes the slot. Reads
+    that build the step's inputs before its first GPU work stay eager in the rewrite and are not reported."""
+    for node, site in ck.nodes():
+        if not isinstance(node, cst.Subscript) or site.block is not ck.region.body_block or not site.env.is_tensor(node.value):
+            continue
+        index = _counter_index(node, ck)
+        written = bool(site.ancestors) and isinstance(site.ancestors[-1], cst.AssignTarget)
+        if index is not None and (written or _after_first_gpu_work(ck, node, site)):
+            yield ck.finding(
+                PER_STEP_HOST_VALUE,
+                node,
+                site,
+                f"`{code_of(node)}` is indexed by `{code_of(index)}`, a host value that changes between steps; capture would freeze it",
+                FIXES["GFY701"],
+            )
+
+
 def check(ck):
+    yield from _host_random_draws(ck)
+    yield from _counter_indexed_tensors(ck)
     for node, site in ck.nodes():
         if isinstance(node, cst.Call) and is_delegated_step(node, site.env) and site.env.kind_of(node.func) != SCALER:
             yield ck.finding(

@@ -1,0 +1,219 @@
+"""Flagged and clean forms of rule patterns that a doc example does not cover: each flagged case reports
+its code on the line marked `# here`, each clean case reports it nowhere."""
+
+import textwrap
+
+import pytest
+
+from graphify.config import Settings
+from graphify.engine import analyze_source
+
+_HEADER = """\
+import os, random, shutil
+import numpy as np
+import torch
+import torchvision
+import torch.nn as nn
+from accelerate import Accelerator
+from torchvision.utils import save_image
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+criterion = nn.CrossEntropyLoss()
+accelerator = Accelerator()
+"""
+
+CASES = {
+    "GFY611-accelerate-gather": (
+        "GFY611",
+        """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            accelerator.backward(loss)
+            opt.step(); opt.zero_grad()
+            avg = accelerator.gather(loss.detach())  # here
+        """,
+        """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            accelerator.backward(loss)
+            opt.step(); opt.zero_grad()
+        avg = accelerator.gather(loss.detach())
+        """,
+    ),
+    "GFY501-accelerate-accumulate": (
+        "GFY501",
+        """
+        for x, y in loader:
+            with accelerator.accumulate(model):  # here
+                loss = criterion(model(x), y)
+                accelerator.backward(loss)
+                opt.step(); opt.zero_grad()
+        """,
+        """
+        for x, y in loader:
+            with accelerator.autocast():
+                loss = criterion(model(x), y)
+            accelerator.backward(loss)
+            opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY502-sync-gradients": (
+        "GFY502",
+        """
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                loss = criterion(model(x), y)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:  # here
+                    accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step(); opt.zero_grad()
+        """,
+        """
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                loss = criterion(model(x), y)
+                accelerator.backward(loss)
+                opt.step(); opt.zero_grad()
+            if accelerator.sync_gradients:
+                print("cycle done")
+        """,
+    ),
+    "GFY512-checkpoint-rotation": (
+        "GFY512",
+        """
+        for step, (x, y) in enumerate(loader):
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+            if step % 100 == 0:
+                shutil.rmtree(f"ckpt-{step - 300}", ignore_errors=True)  # here
+        """,
+        """
+        for step, (x, y) in enumerate(loader):
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+        shutil.rmtree("ckpt-old", ignore_errors=True)
+        """,
+    ),
+    "GFY512-save-function": (
+        "GFY512",
+        """
+        for step, (x, y) in enumerate(loader):
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+            if step % 100 == 0:
+                torchvision.utils.save_image(x, f"batch-{step}.png")  # here
+        """,
+        """
+        for step, (x, y) in enumerate(loader):
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+        torchvision.utils.save_image(x, "last-batch.png")
+        """,
+    ),
+    "GFY512-file-write": (
+        "GFY512",
+        """
+        with open("losses.txt", "w") as out:
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+                out.write("step\\n")  # here
+        """,
+        """
+        with open("losses.txt", "w") as out:
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+            out.write("done\\n")
+        """,
+    ),
+    "GFY513-memory-history": (
+        "GFY513",
+        """
+        for step, (x, y) in enumerate(loader):
+            if step == 5:
+                torch.cuda.memory._record_memory_history()  # here
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+        """,
+        """
+        torch.cuda.memory._record_memory_history()
+        for step, (x, y) in enumerate(loader):
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY001-nested-loop-of-inference-step": (
+        "GFY001",
+        """
+        with torch.no_grad():
+            for x, y in loader:
+                scores = model(x)
+                for row in scores:
+                    best = row.max().item()  # here
+        """,
+        """
+        with torch.no_grad():
+            for x, y in loader:
+                scores = model(x)
+        for row in scores:
+            best = row.max().item()
+        """,
+    ),
+    "GFY702-host-random-branch": (
+        "GFY702",
+        """
+        for x, y in loader:
+            if random.random() < 0.1:  # here
+                x = x.flip(0)
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+            keep = np.random.rand() < 0.5  # here
+        """,
+        """
+        for x, y in loader:
+            scale = np.random.uniform(0.9, 1.1)
+            x = x * scale
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY701-counter-index": (
+        "GFY701",
+        """
+        losses = torch.zeros(100)
+        for step in range(100):
+            x, y = next(batches)
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            losses[step] = loss.detach()  # here
+        """,
+        """
+        xs, ys = torch.randn(100, 8, 4), torch.randint(0, 2, (100, 8))
+        for step in range(100):
+            x, y = xs[step], ys[step]
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+}
+
+
+def _lines_with(code: str, body: str) -> set[int]:
+    source = _HEADER + textwrap.dedent(body)
+    report = analyze_source(source, "case.py", Settings(select=["ALL"]))
+    offset = len(_HEADER.splitlines()) + 1  # body line i (from 0) is source line offset + i
+    return {d.line - offset for d in report.diagnostics if d.code == code}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_flagged(name):
+    code, flagged, _ = CASES[name]
+    marked = {i for i, line in enumerate(textwrap.dedent(flagged).splitlines()) if line.endswith("# here")}
+    assert _lines_with(code, flagged) == marked
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_clean(name):
+    code, _, clean = CASES[name]
+    assert _lines_with(code, clean) == set()
