@@ -57,6 +57,64 @@ CASES = {
             opt.step(); opt.zero_grad()
         """,
     ),
+    "GFY252-collate-pad-sequence": (
+        "GFY252",
+        """
+        def collate(batch):
+            xs, ys = zip(*batch)
+            return nn.utils.rnn.pad_sequence(xs, batch_first=True), torch.stack(ys)  # here
+        loader = torch.utils.data.DataLoader(data, batch_size=8, drop_last=True, collate_fn=collate)
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        def collate(batch):
+            xs, ys = zip(*batch)
+            return torch.stack([nn.functional.pad(x, (0, 64 - len(x))) for x in xs]), torch.stack(ys)
+        loader = torch.utils.data.DataLoader(data, batch_size=8, drop_last=True, collate_fn=collate)
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY252-collate-tokenizer-pad": (
+        "GFY252",
+        """
+        def collate(examples):
+            return tokenizer.pad(examples, padding="longest", return_tensors="pt")  # here
+        loader = torch.utils.data.DataLoader(data, batch_size=8, drop_last=True, collate_fn=collate)
+        for batch in loader:
+            loss = model(**batch).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        def collate(examples):
+            return tokenizer.pad(examples, padding="max_length", max_length=128, return_tensors="pt")
+        loader = torch.utils.data.DataLoader(data, batch_size=8, drop_last=True, collate_fn=collate)
+        for batch in loader:
+            loss = model(**batch).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY252-padding-collator": (
+        "GFY252",
+        """
+        collator = None
+        loader = torch.utils.data.DataLoader(data, batch_size=8, drop_last=True, collate_fn=DataCollatorWithPadding(tokenizer))  # here
+        for batch in loader:
+            loss = model(**batch).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        loader = torch.utils.data.DataLoader(
+            data, batch_size=8, drop_last=True, collate_fn=DataCollatorWithPadding(tokenizer, padding="max_length", max_length=128)
+        )
+        for batch in loader:
+            loss = model(**batch).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
     "GFY502-sync-gradients": (
         "GFY502",
         """

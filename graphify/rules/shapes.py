@@ -4,6 +4,7 @@ import libcst as cst
 
 from graphify.analysis.checker import code_of, is_true, kwarg
 from graphify.analysis.names import dotted
+from graphify.analysis.statements import walk
 from graphify.rules.registry import rule
 
 NO_DROP_LAST = rule(
@@ -27,6 +28,53 @@ RULES = (NO_DROP_LAST, VARIABLE_LENGTH)
 
 
 _PADDING = {"pad_sequence", "pack_padded_sequence", "pack_sequence", "pad_packed_sequence"}
+# Hugging Face collators that pad each batch to its longest sequence unless told `padding="max_length"`
+_PADDING_COLLATORS = {"DataCollatorWithPadding", "DataCollatorForSeq2Seq", "DataCollatorForTokenClassification"}
+
+
+def _pads_to_longest(call: cst.Call, aliases) -> bool:
+    """`pad_sequence(...)`, or a call told `padding="longest"` / `padding=True` (`tokenizer.pad(...)`)."""
+    if (aliases.qualify(call.func) or dotted(call.func) or "").rsplit(".", 1)[-1] in _PADDING:
+        return True
+    padding = kwarg(call, "padding")
+    return padding is not None and (is_true(padding) or (isinstance(padding, cst.SimpleString) and padding.evaluated_value == "longest"))
+
+
+def _padding_collate(ck, collate: cst.BaseExpression | None, module):
+    """A DataLoader's `collate_fn` that pads each batch to its own longest sequence: a function of this
+    file (by name, or through functools.partial) calling a padding function, or a padding collator."""
+    if isinstance(collate, cst.Call):
+        name = module.aliases.qualify(collate.func) or dotted(collate.func) or ""
+        if name.rsplit(".", 1)[-1] == "partial" and collate.args:
+            collate = collate.args[0].value
+        elif name.rsplit(".", 1)[-1] in _PADDING_COLLATORS:
+            padding = kwarg(collate, "padding")
+            if not (isinstance(padding, cst.SimpleString) and padding.evaluated_value == "max_length"):
+                yield ck.finding_at(
+                    VARIABLE_LENGTH,
+                    collate,
+                    module,
+                    f"`{code_of(collate)}` pads each batch to its longest sequence: every batch has its own shape",
+                    'pad to a fixed length (`padding="max_length"`), or to a few bucket lengths, one graph each',
+                )
+            return
+    if not isinstance(collate, cst.Name):
+        return
+    defs = [n for n in walk(module.tree) if isinstance(n, cst.FunctionDef) and n.name.value == collate.value]
+    if len(defs) != 1:
+        return
+    calls = [n for n in walk(defs[0]) if isinstance(n, cst.Call)]
+    if any((module.aliases.qualify(c.func) or "") == "torch.nn.functional.pad" for c in calls):
+        return  # padded on to a fixed width afterwards (`F.pad(x, (0, MAX_LEN - x.shape[1]))`)
+    for node in calls:
+        if _pads_to_longest(node, module.aliases):
+            yield ck.finding_at(
+                VARIABLE_LENGTH,
+                node,
+                module,
+                f"`{code_of(node)}` in the loader's collate function pads each batch to its longest sequence: every batch has its own shape",
+                'pad to a fixed length (`padding="max_length"`), or to a few bucket lengths, one graph each',
+            )
 
 
 def _dataloader(expr, env, depth=0):
@@ -61,6 +109,7 @@ def check(ck):
             continue
         call, module = found
         seen.add(id(call))
+        yield from _padding_collate(ck, kwarg(call, "collate_fn"), module)
         if not is_true(kwarg(call, "drop_last")) and kwarg(call, "batch_sampler") is None:
             yield ck.finding_at(
                 NO_DROP_LAST,
