@@ -31,7 +31,9 @@ _MODEL_NAME = re.compile(
     re.IGNORECASE,
 )
 _OPTIMIZER_NAME = re.compile(
-    r"^(self\.)?(opt|optim|optimizer|optimiser)(_[a-z0-9]+|[GD])?$|^(self\.)?[a-z0-9_]*_(opt|optim|optimizer|optimiser)$", re.I
+    r"^(self\.)?(opt|optim|optimizer|optimiser)(_[a-z0-9]+|[GD])?$|^(self\.)?[a-z0-9_]*_(opt|optim|optimizer|optimiser)$"
+    r"|^(self|[a-z_]*(model|policy|trainer|agent|learner|module))(\.[a-z_]+)*\.(optimizer|optimiser)$",  # self.policy.optimizer
+    re.I,
 )
 _SCHEDULER_NAME = re.compile(r"^(self\.)?([a-z_]*sched[a-z_]*|lr_scheduler)$", re.I)
 _SCALER_NAME = re.compile(r"^(self\.)?([a-z_]*scaler)$", re.I)
