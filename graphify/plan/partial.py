@@ -48,12 +48,39 @@ def make_partial_plan(loop: Loop, reasons: list[str]) -> PartialPlan:
     if not any(is_backward(c, env) for c in calls):
         raise Refusal(LOOP_SHAPE, "partial capture needs the backward pass in the loop body")
     zero_grads = [c for c in calls if is_zero_grad(c)]
-    if not zero_grads or any(_keeps_grads(c) for c in zero_grads):
+    if not _unconditional(body, zero_grads) or any(_keeps_grads(c) for c in zero_grads):
         # a replayed backward hands autograd the graph's gradient buffers: they must not be added to
+        # (gradient accumulation adds to them: the next replay would overwrite what was accumulated)
         raise Refusal(LOOP_SHAPE, "partial capture needs `zero_grad()` (set_to_none) in every step")
     if any(isinstance(n, cst.WithItem) and is_autocast(n, env) for s in body for n in walk(s)):
         raise Refusal(LOOP_SHAPE, "partial capture under autocast is not supported")
     return PartialPlan(loop, call, call.func.value, list(reasons))
+
+
+def _unconditional(body: list[cst.BaseStatement], calls: list[cst.Call]) -> bool:
+    """Whether one of the calls runs in every iteration: a statement of the loop body (or of a `with`
+    in it), in a body without `continue`."""
+    if any(isinstance(n, cst.Continue) for s in body for n in _walk_same_loop(s)):
+        return False
+    ids = {id(c) for c in calls}
+    stack = list(body)
+    while stack:
+        stmt = stack.pop()
+        if isinstance(stmt, cst.With):
+            stack.extend(stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else [])
+        elif isinstance(stmt, cst.SimpleStatementLine) and any(id(n) in ids for n in walk(stmt)):
+            return True
+    return False
+
+
+def _walk_same_loop(root: cst.CSTNode):
+    """The nodes of a statement, nested loops and functions left out (their `continue` is theirs)."""
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        yield n
+        if n is root or not isinstance(n, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            stack.extend(n.children)
 
 
 def _keeps_grads(zero_grad: cst.Call) -> bool:
