@@ -15,7 +15,7 @@ from graphify.analysis.program import ModuleInfo, Program
 from graphify.analysis.tree import children, forget
 from graphify.files import python_syntax_error
 from graphify.model import Diagnostic, FileError, LoopReport, Report, Verdict
-from graphify.plan import PARTIAL_OK, PartialPlan, Plan, Refusal, make_partial_plan, make_plan
+from graphify.plan import PartialPlan, Plan, Refusal, make_partial_plan, make_plan
 from graphify.rules.rewrite_safety import FIXES, HOST_SIDE_EFFECT, MUTATED_STATE, PER_STEP_HOST_VALUE
 
 
@@ -98,7 +98,7 @@ def analyze_module(source: str, path: str, settings, program: Program | None = N
             if reported(finding):
                 analysis.findings.append(finding)
         if analysis.verdict == Verdict.NOT_CAPTURABLE:
-            _try_partial(analysis)
+            _try_partial(analysis, refusals)
         results.append(analysis)
         _report_loop(analysis, path, report)
     return ModuleResult(module, results, report)
@@ -154,13 +154,12 @@ def _confirm_rewrite(analysis: LoopAnalysis, module: ModuleInfo) -> list[Refusal
     return refusals
 
 
-def _try_partial(analysis: LoopAnalysis) -> None:
-    """A loop that cannot be captured whole only because of its optimizer side may still replay the
-    model's forward and backward."""
-    if not set(analysis.reasons) <= PARTIAL_OK:
-        return
+def _try_partial(analysis: LoopAnalysis, refusals: list[Refusal]) -> None:
+    """A loop that cannot be captured whole because of what its step does around the model (host reads
+    of the loss, a loss scaler, a per-step schedule) may still replay the model's forward and backward."""
+    breakers = [(f.rule, f.node) for f in analysis.all_findings] + [(r.rule, r.node) for r in refusals]
     try:
-        analysis.plan = make_partial_plan(analysis.loop, analysis.reasons)
+        analysis.plan = make_partial_plan(analysis.loop, analysis.reasons, breakers)
     except Refusal:
         return
     analysis.verdict = Verdict.PARTIAL

@@ -36,3 +36,16 @@ def expectations(case: Path) -> tuple[set, set]:
             if m:
                 loops.add((f.name, lineno, m.group(1), m.group(2)))
     return diagnostics, loops
+
+
+REWRITABLE = ("capturable", "capturable-after-rewrite", "partially-capturable")
+
+
+def rewritten_script(case: Path) -> Path:
+    """The file of a fixture that holds its rewritable loops: the entry script, or in a folder the
+    module that does (a library module's per-epoch function)."""
+    names = {name for name, *_, verdict in expectations(case)[1] if verdict in REWRITABLE}
+    if not case.is_dir() or "train.py" in names or not names:
+        return entry_script(case)
+    (name,) = names
+    return case / name

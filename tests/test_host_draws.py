@@ -70,8 +70,10 @@ def test_two_draws_keep_their_order(settings):
     ],
 )
 def test_draws_that_would_change_the_training_still_block(settings, line):
+    """The whole step is not captured (the model alone may be: the draws stay eager where they are)."""
     result = rewrite_source(TEMPLATE.format(line=line), "train.py", settings)
-    assert not result.outcomes[0].rewritten, result.code
+    assert result.outcomes[0].verdict.value in ("not-capturable", "partially-capturable")
+    assert "CapturedStep" not in result.code and "_drawn" not in result.code
 
 
 def test_the_same_numbers_on_the_cpu(settings, tmp_path):

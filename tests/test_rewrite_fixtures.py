@@ -8,7 +8,7 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
-from fixture_cases import REWRITE, cases, entry_script, expectations
+from fixture_cases import REWRITABLE, REWRITE, cases, entry_script, expectations, rewritten_script
 
 from graphify.engine import analyze_source
 from graphify.rewrite import rewrite_source
@@ -17,18 +17,16 @@ UPDATE = os.environ.get("GRAPHIFY_UPDATE_FIXTURES") == "1"
 
 
 def rewritable_cases():
-    return [
-        c for c in cases() if any(v in ("capturable", "capturable-after-rewrite", "partially-capturable") for *_, v in expectations(c)[1])
-    ]
+    return [c for c in cases() if any(v in REWRITABLE for *_, v in expectations(c)[1])]
 
 
 def golden_path(case: Path) -> Path:
-    return REWRITE / case.name / "train.py" if case.is_dir() else REWRITE / case.name
+    return REWRITE / case.name / rewritten_script(case).name if case.is_dir() else REWRITE / case.name
 
 
 @pytest.mark.parametrize("case", rewritable_cases(), ids=lambda p: p.name)
 def test_rewrite_matches_golden(case, settings):
-    script = entry_script(case)
+    script = rewritten_script(case)
     source = script.read_text()
     result = rewrite_source(source, str(script), settings)
     assert not result.errors
@@ -43,7 +41,7 @@ def test_rewrite_matches_golden(case, settings):
 
 @pytest.mark.parametrize("case", rewritable_cases(), ids=lambda p: p.name)
 def test_rewrite_is_idempotent_and_clean(case, settings):
-    script = entry_script(case)
+    script = rewritten_script(case)
     once = rewrite_source(script.read_text(), str(script), settings).code
     cst.parse_module(once)
     twice = rewrite_source(once, str(script), settings)
@@ -74,6 +72,8 @@ def test_rewrite_trains_identically_on_cpu(case):
         pytest.skip("on a GPU, tests/test_verify_fixtures.py checks the captured path instead")
     from graphify.verify import verify_file
 
+    if rewritten_script(case) != entry_script(case):
+        pytest.skip("the loop is in a library module the entry script imports: verify rewrites the script it runs")
     report = verify_file(str(entry_script(case)), steps=12)
     assert report.passed, (report.message, report.detail)
     assert report.comparison.exact

@@ -1,6 +1,7 @@
 """The trap suite (fixtures/traps/): scripts written the way users write them, each carrying one per-step
 host dependence or one structure that broke rewrites. Each declares its outcome on an `# outcome:` line:
-`rewritten`, or `refused GFYxxx` (the loop is left unchanged, with that code among its reasons).
+`rewritten`, `refused GFYxxx` (the loop is left unchanged, with that code among its reasons), or `partial GFYxxx`
+(the whole step is refused with that code, and the model's forward and backward replay from graphs).
 
 On the CPU this checks what the rewrite decides; scripts/verify-traps runs the rewritten ones on a GPU.
 """
@@ -18,9 +19,9 @@ TRAPS = Path(__file__).resolve().parents[1] / "fixtures" / "traps"
 
 
 def outcome(path: Path) -> tuple[str, str | None]:
-    match = re.search(r"^# outcome: (rewritten|refused (GFY\d{3}))$", path.read_text(), flags=re.M)
+    match = re.search(r"^# outcome: (rewritten|(refused|partial) (GFY\d{3}))$", path.read_text(), flags=re.M)
     assert match, f"{path.name} has no outcome line"
-    return ("rewritten", None) if match.group(1) == "rewritten" else ("refused", match.group(2))
+    return ("rewritten", None) if match.group(1) == "rewritten" else (match.group(2), match.group(3))
 
 
 def traps():
@@ -41,6 +42,9 @@ def test_trap_outcome(path):
         assert result.changed, [o.reasons for o in result.outcomes]
         cst.parse_module(result.code)
         assert "from graphify.runtime import CapturedStep" in result.code
+    elif kind == "partial":  # the whole step is refused with that code; the model's forward and backward are graphed
+        assert [o.verdict.value for o in result.outcomes] == ["partially-capturable"], [o.reasons for o in result.outcomes]
+        assert code in result.outcomes[0].reasons and "GraphedModule" in result.code
     else:
         assert not result.changed, f"{path.name} must be left unchanged ({code})"
         assert any(code in o.reasons for o in result.outcomes), [o.reasons for o in result.outcomes]

@@ -35,12 +35,16 @@ def _refusal_truth(loop: dict) -> str:
     return "disputed" if loop["label"] in CAPTURABLE_LABELS else "true"
 
 
+def _partial(loop: dict) -> str:
+    return " (model only)" if loop.get("verdict") == "partially-capturable" else ""
+
+
 def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×" if a and b else "—"
 
 
 def _row(record: dict, loops: list[dict]) -> str:
-    rewritten = ", ".join(f"{lp['line']} {lp['kind'][:5]}" for lp in loops if lp["rewritten"]) or "—"
+    rewritten = ", ".join(f"{lp['line']} {lp['kind'][:5]}{_partial(lp)}" for lp in loops if lp["rewritten"]) or "—"
     refused = (
         "; ".join(f"{lp['line']} {lp['kind'][:5]} {'/'.join(lp['codes'])} ({_refusal_truth(lp)})" for lp in loops if not lp["rewritten"])
         or "—"
@@ -89,7 +93,8 @@ def summary(records: list[dict], static: dict[str, list[dict]]) -> list[str]:
     return [
         "| | value |",
         "| --- | --- |",
-        f"| training loops rewritten (of those found) | {sum(lp['rewritten'] for lp in train)}/{len(train)} |",
+        f"| training loops rewritten (of those found) | {sum(lp['rewritten'] for lp in train)}/{len(train)}"
+        f" ({sum(bool(lp['rewritten'] and _partial(lp)) for lp in train)} of them the model only) |",
         f"| all loops rewritten | {sum(lp['rewritten'] for lp in loops)}/{len(loops)} |",
         f"| refusals true (hand label: not capturable whole) | {truth.count('true')}/{len(refused)}"
         f" ({truth.count('disputed')} disputed, {truth.count('unlabelled')} unlabelled) |",

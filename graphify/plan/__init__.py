@@ -5,7 +5,7 @@
 """
 
 from graphify.plan.base import FIXED_IN_PLACE, Plan, Refusal, body_of
-from graphify.plan.partial import PARTIAL_OK, PartialPlan, make_partial_plan
+from graphify.plan.partial import PartialPlan, make_partial_plan
 from graphify.plan.whole import make_plan
 
-__all__ = ["FIXED_IN_PLACE", "PARTIAL_OK", "PartialPlan", "Plan", "Refusal", "body_of", "make_partial_plan", "make_plan"]
+__all__ = ["FIXED_IN_PLACE", "PartialPlan", "Plan", "Refusal", "body_of", "make_partial_plan", "make_plan"]

@@ -7,18 +7,24 @@ from dataclasses import dataclass
 import libcst as cst
 
 from graphify.analysis.checker import kwarg
-from graphify.analysis.calls import is_backward, is_model_call
+from graphify.analysis.calls import is_backward, is_delegated_step, is_model_call
 from graphify.analysis.region import Loop
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import (
     walk,
 )
-from graphify.plan.base import Refusal, body_of, is_autocast, is_zero_grad
+from graphify.model import Rule
+from graphify.plan.base import Refusal, body_of, is_zero_grad
+from graphify.plan.dataflow import is_host_expression
 from graphify.rules.rewrite_safety import (
     LOOP_SHAPE,
 )
 
-PARTIAL_OK = {"GFY411"}
+# What the eager code around the graphed model may not do: change attributes or modes the graphed
+# forward may read, pad each batch to its own length, or communicate across processes (a DDP-wrapped
+# model is not graphed alone).
+_NEVER = {"GFY703", "GFY252"}  # GFY252: the model's inputs change shape every batch, so a graph would rarely replay
+_NEVER_CATEGORIES = {"distributed"}
 
 
 @dataclass
@@ -29,9 +35,10 @@ class PartialPlan:
     reasons: list[str]  # why the whole step cannot be captured
 
 
-def make_partial_plan(loop: Loop, reasons: list[str]) -> PartialPlan:
+def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule, cst.CSTNode | None]]) -> PartialPlan:
     """A plan to graph only the model's forward and backward, for a training loop whose whole step
-    cannot be captured for one of PARTIAL_OK's reasons."""
+    cannot be captured. `breakers`: every finding and planner refusal of the loop, (rule, node). Those
+    outside the model's forward stay eager where they stand; one inside it blocks."""
     if loop.kind != "train" or loop.node.orelse is not None:
         raise Refusal(LOOP_SHAPE, "partial capture is for training loops")
     body = body_of(loop)
@@ -43,18 +50,30 @@ def make_partial_plan(loop: Loop, reasons: list[str]) -> PartialPlan:
     call = model_calls[0]
     if not call.args or any(a.keyword is not None or a.star for a in call.args):
         raise Refusal(LOOP_SHAPE, "partial capture needs the model called with positional tensors only")
-    if not any(isinstance(s, cst.SimpleStatementLine) and any(n is call for n in walk(s)) for s in body):
-        raise Refusal(LOOP_SHAPE, "partial capture needs the model call at the top level of the loop body")
-    if not any(is_backward(c, env) for c in calls):
+    if any(is_host_expression(a.value, env) for a in call.args):
+        raise Refusal(LOOP_SHAPE, "partial capture needs the model called with tensors only (a host value is an argument)")
+    if not _unconditional(body, [call]):
+        raise Refusal(LOOP_SHAPE, "partial capture needs the model called once in every step")
+    if not any(is_backward(c, env) or is_delegated_step(c, env) for c in calls):  # `loss_scaler(loss, optimizer)` runs it
         raise Refusal(LOOP_SHAPE, "partial capture needs the backward pass in the loop body")
+    forward = _forward_nodes(loop, call)
+    for rule, node in breakers:
+        if rule.code in _NEVER or rule.category in _NEVER_CATEGORIES:
+            raise Refusal(rule, f"partial capture cannot leave {rule.code} ({rule.name}) eager", node)
+        if node is not None and id(node) in forward:
+            raise Refusal(rule, "the model's forward itself would be captured with it", node)
     zero_grads = [c for c in calls if is_zero_grad(c)]
     if not _unconditional(body, zero_grads) or any(_keeps_grads(c) for c in zero_grads):
         # a replayed backward hands autograd the graph's gradient buffers: they must not be added to
         # (gradient accumulation adds to them: the next replay would overwrite what was accumulated)
         raise Refusal(LOOP_SHAPE, "partial capture needs `zero_grad()` (set_to_none) in every step")
-    if any(isinstance(n, cst.WithItem) and is_autocast(n, env) for s in body for n in walk(s)):
-        raise Refusal(LOOP_SHAPE, "partial capture under autocast is not supported")
     return PartialPlan(loop, call, call.func.value, list(reasons))
+
+
+def _forward_nodes(loop: Loop, call: cst.Call) -> set[int]:
+    """ids of the nodes the model call runs (its forward, when the model's class is analysed)."""
+    region = loop.region
+    return {id(n) for n, site in region.nodes if site.block is not region.body_block and any(c is call for c in region.body_calls_of(site))}
 
 
 def _unconditional(body: list[cst.BaseStatement], calls: list[cst.Call]) -> bool:

@@ -7,7 +7,7 @@ import weakref
 
 import torch
 
-from graphify.runtime.common import WARMUP, GraphifyFallbackWarning, first_line, side_stream
+from graphify.runtime.common import WARMUP, GraphifyFallbackWarning, first_line, side_stream, tree_map
 from graphify.runtime.reach import why_not_capturable
 
 _graphed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its graphed callable state
@@ -18,12 +18,14 @@ class GraphedModule:
     training step that cannot be captured whole: the loss, the optimizer and the scheduler stay eager.
 
     The first `warmup` calls on CUDA run eagerly on a side stream; the next one captures the forward
-    and backward for that call's input shapes, as later calls with the same shapes replay. Other
-    shapes, eval mode, calls without grad and calls off CUDA run eagerly; a failed capture leaves the
-    module eager for good, with one warning. The warmup passes make_graphed_callables runs itself are
-    undone (batch-norm statistics and the CUDA RNG state are restored), so training sees each batch
-    once. A replayed backward hands autograd the graph's own gradient buffers: gradients must be reset
-    with `zero_grad(set_to_none=True)` (the default) before every backward.
+    and backward for that call's input shapes and autocast setting, as later calls with the same ones
+    replay. Other shapes or autocast settings, eval mode, calls without grad and calls off CUDA run
+    eagerly; a failed capture leaves the module eager for good, with one warning. The warmup passes
+    make_graphed_callables runs itself are undone (batch-norm statistics and the CUDA RNG state are
+    restored), so training sees each batch once. A replay returns copies of the graph's outputs (the
+    eager code around it may keep them past the next replay). A replayed backward hands autograd the
+    graph's own gradient buffers: gradients must be reset with `zero_grad(set_to_none=True)` (the
+    default) before every backward.
     """
 
     def __init__(self, module, warmup: int = WARMUP):
@@ -37,7 +39,7 @@ class GraphedModule:
         state = self.state
         if state["disabled"] is not None or not self._graphable(inputs):
             return self.module(*inputs)
-        signature = [(t.shape, t.dtype, t.device, t.requires_grad) for t in inputs]
+        signature = [(t.shape, t.dtype, t.device, t.requires_grad) for t in inputs] + [_autocast_setting()]
         if state["graphed"] is None:
             if state["eager_runs"] < self.warmup:
                 state["eager_runs"] += 1
@@ -52,7 +54,7 @@ class GraphedModule:
             state["signature"] = signature
         if signature != state["signature"]:
             return self.module(*inputs)
-        return state["graphed"](*inputs)
+        return tree_map(torch.Tensor.clone, state["graphed"](*inputs))
 
     def _graphable(self, inputs) -> bool:
         return (
@@ -77,10 +79,14 @@ class GraphedModule:
             holder.module = self.module
             holder.forward = self.module.__call__
             samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
+            cache = torch.is_autocast_cache_enabled()
+            torch.set_autocast_cache_enabled(False)  # cached casts would outlive the capture; the values are the same
             try:
                 self.state["graphed"] = torch.cuda.make_graphed_callables(holder, samples)
             except Exception as exc:  # noqa: BLE001 - a failed capture leaves the module eager
                 why = f"capture failed ({type(exc).__name__}: {first_line(exc)})"
+            finally:
+                torch.set_autocast_cache_enabled(cache)
         with torch.no_grad():
             for buffer, saved in zip(self.module.buffers(), buffers):
                 buffer.copy_(saved)
@@ -91,3 +97,9 @@ class GraphedModule:
         self.state["disabled"] = why
         warnings.warn(f"graphify: the model runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=4)
         return False
+
+
+def _autocast_setting():
+    """The CUDA autocast state a graph was recorded under: its casts are part of the graph."""
+    enabled = torch.is_autocast_enabled("cuda")
+    return enabled, torch.get_autocast_dtype("cuda") if enabled else None
