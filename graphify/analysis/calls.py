@@ -12,11 +12,13 @@ from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import DDP, ENV, MODEL, OPTIMIZER, SCALER
 
 NO_GRAD = ("no_grad", "inference_mode")
-_SKIP = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+# Tested with `type(n) in`: libcst's node classes have no subclasses, and isinstance on their
+# abstract-base-class metaclass costs a Python call for every node that is not one of them.
+_SKIP = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 
 
 def method_call(node: cst.CSTNode) -> tuple[cst.BaseExpression, str] | None:
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+    if type(node) is cst.Call and type(node.func) is cst.Attribute:
         return node.func.value, node.func.attr.value
     return None
 
@@ -117,18 +119,18 @@ def is_periodic_gpu_branch(node: cst.If, env: Env) -> bool:
     if env._tensor(node.test, 0) is True:
         return False
     for sub in _iter_nodes(node.body):
-        if isinstance(sub, cst.Call):
+        if type(sub) is cst.Call:
             if is_step_op(sub, env):
                 return False
     for sub in _iter_nodes(node.body):
-        if isinstance(sub, cst.With) and any(is_no_grad_item(i.item, env) for i in sub.items):
+        if type(sub) is cst.With and any(is_no_grad_item(i.item, env) for i in sub.items):
             return True
         m = method_call(sub)
         if m is not None and m[1] == "eval" and env.kind_of(m[0]) in (MODEL, DDP):
             return True
         if (
-            isinstance(sub, cst.Call)
-            and isinstance(sub.func, cst.Name)
+            type(sub) is cst.Call
+            and type(sub.func) is cst.Name
             and sub.func.value.startswith(("eval", "valid", "test", "estimate", "sample", "generate"))
         ):
             return True
@@ -136,11 +138,7 @@ def is_periodic_gpu_branch(node: cst.If, env: Env) -> bool:
 
 
 def _is_step_like(node: cst.CSTNode) -> bool:
-    return (
-        isinstance(node, cst.Call)
-        and isinstance(node.func, cst.Attribute)
-        and node.func.attr.value in ("backward", "step", "manual_backward")
-    )
+    return type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in ("backward", "step", "manual_backward")
 
 
 def _mentions_no_grad(node: cst.With | cst.FunctionDef) -> bool:
@@ -166,7 +164,7 @@ def _iter_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     while stack:
         n = stack.pop()
         yield n
-        if not isinstance(n, _SKIP):
+        if type(n) not in _SKIP:
             stack.extend(children(n))
 
 

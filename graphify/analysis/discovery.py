@@ -38,7 +38,7 @@ def runtime_helper_assignments(module: ModuleInfo) -> list[tuple[str, cst.BaseEx
     found = []
     for n in _iter_nodes_all(module.tree):
         if (
-            isinstance(n, cst.Assign)
+            type(n) is cst.Assign
             and isinstance(n.value, cst.Call)
             and isinstance(n.targets[0].target, cst.Name)
             and _is_runtime_helper(n.value.func, module)
@@ -51,8 +51,9 @@ def _is_runtime_helper(func: cst.BaseExpression, module: ModuleInfo) -> bool:
     return (module.aliases.qualify(func) or "").rsplit(".", 1)[-1] in RUNTIME_HELPERS
 
 
-LOOPS = (cst.For, cst.While)
-_SKIP = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+# Tested with `type(n) in`, as calls._SKIP (why: there).
+LOOPS = frozenset({cst.For, cst.While})
+_SKIP = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 
 
 def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -70,12 +71,13 @@ class ModuleAnalysis:
     def loop_sites(self) -> Iterator[tuple[cst.For | cst.While, FunctionInfo, tuple[cst.CSTNode, ...]]]:
         def visit(node, func_node, cls, ancestors):
             for child in _children(node):
-                if isinstance(child, cst.FunctionDef):
+                kind = type(child)
+                if kind is cst.FunctionDef:
                     yield from visit(child, child, cls, ancestors + (child,))
-                elif isinstance(child, cst.ClassDef):
+                elif kind is cst.ClassDef:
                     yield from visit(child, None, child, ancestors + (child,))
                 else:
-                    if isinstance(child, LOOPS):
+                    if kind in LOOPS:
                         yield child, self.module.function_info(func_node, cls if func_node is not None else None), ancestors
                     yield from visit(child, func_node, cls, ancestors + (child,))
 
@@ -98,7 +100,7 @@ class ModuleAnalysis:
             if direct_steps:
                 region = self._region(body, node, include_nested=self._is_separate_eval_loop)
                 for n, _ in region.nodes:
-                    if isinstance(n, LOOPS) and n is not node:
+                    if type(n) in LOOPS and n is not node:
                         absorbed.add(id(n))
                 found.append(Loop(node, func, "train", region, ancestors))
             elif direct_models and not self._has_step_anywhere(body, node) and self._under_no_grad(node, func, ancestors, env):
@@ -111,7 +113,7 @@ class ModuleAnalysis:
         """Names of functions and methods of this module that run a backward or optimizer step."""
         found = set()
         for node in _iter_nodes_all(self.module.tree):
-            if isinstance(node, cst.FunctionDef) and any(_is_step_like(n) for n in _iter_nodes(node.body)):
+            if type(node) is cst.FunctionDef and any(_is_step_like(n) for n in _iter_nodes(node.body)):
                 found.add(node.name.value)
         return found
 
@@ -206,12 +208,13 @@ class ModuleAnalysis:
 
         def visit(node, func_node, cls):
             for child in _children(node):
-                if isinstance(child, cst.FunctionDef):
+                kind = type(child)
+                if kind is cst.FunctionDef:
                     visit(child, child, cls)
-                elif isinstance(child, cst.ClassDef):
+                elif kind is cst.ClassDef:
                     visit(child, None, child)
                 else:
-                    if isinstance(child, cst.Call):
+                    if kind is cst.Call:
                         f = child.func
                         name = (
                             f.value
@@ -324,9 +327,10 @@ class ModuleAnalysis:
         pending: list[Block] = []
         while stack:
             node, ancestors = stack.pop()
-            if isinstance(node, _SKIP) and ancestors:
+            kind = type(node)
+            if kind in _SKIP and ancestors:
                 continue
-            if isinstance(node, LOOPS) and node is not loop and skip_nested(node, block, ancestors):
+            if kind in LOOPS and node is not loop and skip_nested(node, block, ancestors):
                 continue
             if node is not loop:
                 yield node, Site(block, ancestors)

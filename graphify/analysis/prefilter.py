@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import re
-from functools import cached_property
 
 from graphify.analysis.vocabulary import OPTIMIZER, kind_by_name
 
@@ -30,10 +29,6 @@ def might_hold_loops(source: str) -> bool:
     return _Scan(tree).found
 
 
-def _calls_step(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _STEP_ATTRS for n in ast.walk(node))
-
-
 def _mentions_no_grad(node: ast.AST) -> bool:
     return any(
         isinstance(n, (ast.Name, ast.Attribute)) and (getattr(n, "id", None) or getattr(n, "attr", "")) in _NO_GRAD for n in ast.walk(node)
@@ -45,43 +40,60 @@ def _names_optimizer(arg: ast.AST) -> bool:
     return kind_by_name(name) == OPTIMIZER
 
 
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_LOOPS = (ast.For, ast.While, ast.AsyncFor)
+
+
 class _Scan:
+    """One walk of the module. A loop is a candidate when it runs under no_grad/inference_mode (a
+    `with` around it, or its function's decorator), or anything in it calls a step or backward, hands
+    an optimizer to a helper (`loss_scaler(loss, optimizer)`), mentions no_grad/inference_mode, or
+    calls a function of the module that steps."""
+
     def __init__(self, tree: ast.Module) -> None:
-        self.tree = tree
-        self.found = self._visit(tree, no_grad=False)
+        self.steppers: set[str] = set()  # functions that run a step themselves (in their own code or a nested def)
+        self.called_in_loops: set[str] = set()
+        self.enclosing: list[str] = []  # names of the functions around the node being visited
+        self.found = self._visit(tree, no_grad=False, in_loop=False) or not self.called_in_loops.isdisjoint(self.steppers)
 
-    @cached_property
-    def steppers(self) -> set[str]:
-        """Functions that run a step themselves: a loop calling one of them may be a training loop."""
-        return {n.name for n in ast.walk(self.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _calls_step(n)}
-
-    def _visit(self, node: ast.AST, no_grad: bool) -> bool:
+    def _visit(self, node: ast.AST, no_grad: bool, in_loop: bool) -> bool:
         for child in ast.iter_child_nodes(node):
-            inner = no_grad
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            inner, inner_loop = no_grad, in_loop
+            function = isinstance(child, _FUNCTIONS)
+            if function:
                 inner = any(_mentions_no_grad(d) for d in child.decorator_list)
             elif isinstance(child, ast.With):
                 inner = no_grad or any(_mentions_no_grad(i.context_expr) for i in child.items)
-            elif isinstance(child, (ast.For, ast.While, ast.AsyncFor)) and self._candidate(child, no_grad):
+            elif isinstance(child, _LOOPS):
+                if no_grad:
+                    return True
+                inner_loop = True
+            elif isinstance(child, ast.Call):
+                if self._decides(child, inner_loop):
+                    return True
+            elif inner_loop and (
+                isinstance(child, ast.Name) and child.id in _NO_GRAD or isinstance(child, ast.Attribute) and child.attr in _NO_GRAD
+            ):
                 return True
-            if self._visit(child, inner):
+            if function:
+                self.enclosing.append(child.name)
+            if self._visit(child, inner, inner_loop):
                 return True
+            if function:
+                self.enclosing.pop()
         return False
 
-    def _candidate(self, loop: ast.AST, no_grad: bool) -> bool:
-        """One walk of the loop: a step or backward call, no_grad/inference_mode, a helper handed the
-        optimizer (`loss_scaler(loss, optimizer)`), or a call of a function that steps."""
-        if no_grad:
+    def _decides(self, call: ast.Call, in_loop: bool) -> bool:
+        func = call.func
+        steps = isinstance(func, ast.Attribute) and func.attr in _STEP_ATTRS
+        if not in_loop:
+            if steps:
+                self.steppers.update(self.enclosing)
+            return False
+        if steps or any(_names_optimizer(a) for a in call.args):
             return True
-        called = set()
-        for n in ast.walk(loop):
-            if isinstance(n, ast.Call):
-                func = n.func
-                if isinstance(func, ast.Attribute) and func.attr in _STEP_ATTRS:
-                    return True
-                if any(_names_optimizer(a) for a in n.args):
-                    return True
-                called.add(func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None)
-            elif isinstance(n, ast.Name) and n.id in _NO_GRAD or isinstance(n, ast.Attribute) and n.attr in _NO_GRAD:
-                return True
-        return bool(called & self.steppers)
+        if isinstance(func, ast.Name):
+            self.called_in_loops.add(func.id)
+        elif isinstance(func, ast.Attribute):
+            self.called_in_loops.add(func.attr)
+        return False
