@@ -25,32 +25,10 @@ from graphify.analysis.calls import (
     is_step_op,
 )
 from graphify.analysis.region import Block, Loop, Region, Site
+from graphify.analysis.rewritten import is_runtime_helper, runtime_helper_assignments
 from graphify.analysis.targets import seed_loop_target
 
 MAX_CALL_DEPTH = 4
-# What rewrites call, imported from graphify.runtime, from a vendored copy, or pasted inline.
-RUNTIME_HELPERS = ("CapturedStep", "GraphedModule")
-
-
-def runtime_helper_assignments(module: ModuleInfo) -> list[tuple[str, cst.BaseExpression | None]]:
-    """(name bound, what it wraps) for each `x = CapturedStep(f)` or `x = GraphedModule(m)` of a module,
-    the runtime's classes however they are imported."""
-    found = []
-    for n in _iter_nodes_all(module.tree):
-        if (
-            type(n) is cst.Assign
-            and isinstance(n.value, cst.Call)
-            and isinstance(n.targets[0].target, cst.Name)
-            and _is_runtime_helper(n.value.func, module)
-        ):
-            found.append((n.targets[0].target.value, n.value.args[0].value if n.value.args else None))
-    return found
-
-
-def _is_runtime_helper(func: cst.BaseExpression, module: ModuleInfo) -> bool:
-    return (module.aliases.qualify(func) or "").rsplit(".", 1)[-1] in RUNTIME_HELPERS
-
-
 # Tested with `type(n) in`, as calls._SKIP (why: there).
 LOOPS = frozenset({cst.For, cst.While})
 _SKIP = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
@@ -164,7 +142,7 @@ class ModuleAnalysis:
         for n in _iter_nodes(loop.body):
             if isinstance(n, cst.Call) and isinstance(n.func, cst.Name):
                 for value in env.values_of(n.func.value):
-                    if isinstance(value, cst.Call) and _is_runtime_helper(value.func, env.module):
+                    if isinstance(value, cst.Call) and is_runtime_helper(value.func, env.module):
                         return True
         return False
 
@@ -318,10 +296,9 @@ class ModuleAnalysis:
     # ---- walking ----------------------------------------------------------------------------
 
     def _walk(self, block: Block, root: cst.CSTNode, skip_nested, follow: bool, visited: set[int], depth: int = 0, repeats=None):
-        """Yield (node, Site) for everything one iteration of the loop `root` runs (or, in a called
-        function's block, one statement `root` of it), following calls into analysed functions. A
-        function is walked once, from its first call; `repeats` (function id -> [(call, Site)]) receives
-        its later calls."""
+        """Yield (node, Site) for everything one iteration of the loop `root` runs (or one statement of a
+        called function), following calls into analysed functions: each once, from its first call;
+        `repeats` (function id -> [(call, Site)]) receives the later calls."""
         loop = root if block.call is None else None
         stack: list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] = [(root, ())]
         pending: list[Block] = []

@@ -15,7 +15,7 @@ import libcst as cst
 
 from graphify.analysis.checker import Checker
 from graphify.analysis.calls import is_backward, is_model_call, is_step_op, method_call
-from graphify.analysis.discovery import runtime_helper_assignments
+from graphify.analysis.rewritten import runtime_helper_assignments
 from graphify.analysis.program import Program
 from graphify.engine import LoopAnalysis, analyze_module
 from graphify.analysis.statements import names_read, names_written, walk
