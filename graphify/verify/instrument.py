@@ -272,13 +272,20 @@ def probe_follows_call(code: str, step_name: str) -> bool:
     for block in blocks:
         seen_call = False
         for stmt in block.body:
-            if _calls(stmt, step_name):
+            if _runs(stmt, step_name):
                 seen_call = True
             if isinstance(stmt, cst.SimpleStatementLine) and _calls(stmt, PROBE):
                 if not seen_call:
                     return False
                 found = True
     return found
+
+
+def _runs(stmt: cst.CSTNode, name: str) -> bool:
+    """The statement calls `name` every time it runs (directly, or in a `with` block: under autocast)."""
+    if isinstance(stmt, cst.With) and isinstance(stmt.body, cst.IndentedBlock):
+        return any(_runs(s, name) for s in stmt.body.body)
+    return _calls(stmt, name)
 
 
 def _calls(stmt: cst.CSTNode, name: str) -> bool:
