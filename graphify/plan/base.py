@@ -171,3 +171,13 @@ def in_loop_scope(plan: Plan, expr: cst.BaseExpression | None, block) -> cst.Bas
             return None
         block = block.parent
     return expr
+
+
+class ReplaceNodes(cst.CSTTransformer):
+    """Replaces nodes, by id, with new ones."""
+
+    def __init__(self, replacements: dict[int, cst.BaseExpression]) -> None:
+        self.replacements = replacements
+
+    def on_leave(self, original, updated):
+        return self.replacements.get(id(original), updated)

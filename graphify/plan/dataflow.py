@@ -251,7 +251,7 @@ def _moved_effect(n, env, later: set[str], followed: set[int]) -> str | None:
     if isinstance(n.func, cst.Name) and n.func.value in _PURE_BUILTINS:
         return None
     qual = env.qualify(n.func) or ""
-    if qual.split(".")[-1] in _DEVICE_RANDOM or (qual.startswith("torch.") and qual.split(".")[-1] in _RANDOM and _on_device(n)):
+    if qual.split(".")[-1] in _DEVICE_RANDOM or (qual.startswith("torch.") and qual.split(".")[-1] in RANDOM_FACTORIES and _on_device(n)):
         return f"`{code}` draws from the device's random generator, whose order the step shares"
     if qual.startswith("torch.") or (qual.startswith("numpy.") and not qual.startswith("numpy.random.")):
         return None
@@ -264,7 +264,7 @@ def _moved_effect(n, env, later: set[str], followed: set[int]) -> str | None:
     return f"`{code}(...)` may change state the step uses"
 
 
-_RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson"}
+RANDOM_FACTORIES = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson"}
 _DEVICE_RANDOM = {"rand_like", "randn_like", "randint_like", "dropout", "uniform_", "normal_", "bernoulli_"}
 
 

@@ -17,12 +17,12 @@ from graphify.analysis.calls import method_call
 from graphify.analysis.statements import names_read, names_written, walk
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
-from graphify.plan.base import Plan
+from graphify.plan.base import Plan, ReplaceNodes
+from graphify.plan.dataflow import RANDOM_FACTORIES as _RANDOM
 from graphify.plan.names import fresh_name
 from graphify.rules.allocation import HOST_DATA
 from graphify.rules.devices import HOST_TENSOR_COPY, is_device_copy, legacy_tensor_type
 
-_RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson"}
 # torch calls that build a new host tensor (or copy one) and change nothing else but the host generator
 _BUILDERS = _RANDOM | {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "eye", "arange", "linspace", "Variable"}
 _METHODS = {"to", "cuda", "type", "float", "double", "half", "long", "int", "bool", "view", "reshape", "unsqueeze", "contiguous", "size"}
@@ -143,17 +143,9 @@ def replace_draws(plan: Plan, stmt: cst.BaseStatement) -> cst.BaseStatement:
     """The statement as the step runs it: each drawn expression replaced by its input's name."""
     if not plan.draws:
         return stmt
-    return stmt.visit(_Replace({key: cst.Name(name) for key, (name, _) in plan.draws.items()}))
+    return stmt.visit(ReplaceNodes({key: cst.Name(name) for key, (name, _) in plan.draws.items()}))
 
 
 def drawn_nodes(plan: Plan) -> set[int]:
     """ids of every node inside the drawn expressions: they run before the step, not in it."""
     return {id(n) for _, expr in plan.draws.values() for n in walk(expr)}
-
-
-class _Replace(cst.CSTTransformer):
-    def __init__(self, replacements: dict[int, cst.BaseExpression]) -> None:
-        self.replacements = replacements
-
-    def on_leave(self, original, updated):
-        return self.replacements.get(id(original), updated)

@@ -32,6 +32,7 @@ from graphify.plan.base import (
     FIXED_IN_PLACE,
     Plan,
     Refusal,
+    ReplaceNodes,
     body_nodes_of,
     body_of,
     device_in_loop_scope,
@@ -263,14 +264,6 @@ def _pull_in_zero_grad(plan: Plan, body: list[cst.BaseStatement], env: Env) -> N
             return
 
 
-class _Replace(cst.CSTTransformer):
-    def __init__(self, replacements: dict[int, cst.BaseExpression]) -> None:
-        self.replacements = replacements
-
-    def on_leave(self, original, updated):
-        return self.replacements.get(id(original), updated)
-
-
 def _hoist_host_reads(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env) -> None:
     """Split `total += step_tensor_expression.item()` into a captured assignment and a host read."""
     if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
@@ -295,7 +288,7 @@ def _hoist_host_reads(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env)
     base = f"{target.value}_tensor" if isinstance(target, cst.Name) else "step_tensor"
     names = [fresh_name(base, plan.loop.module.names) for _ in reads]
     captured = cst.parse_statement(f"{', '.join(names)} = {', '.join(EMPTY.code_for_node(r) for _, r in reads)}")
-    host = stmt.visit(_Replace({id(r): cst.Name(name) for (_, r), name in zip(reads, names)}))
+    host = stmt.visit(ReplaceNodes({id(r): cst.Name(name) for (_, r), name in zip(reads, names)}))
     plan.hoisted[index] = (captured.with_changes(leading_lines=stmt.leading_lines), host.with_changes(leading_lines=[]))
     plan.hoisted_reads.update(id(call) for call, _ in reads)
 
