@@ -22,6 +22,7 @@ from graphify.plan.dataflow import RANDOM_FACTORIES as _RANDOM
 from graphify.plan.names import fresh_name
 from graphify.rules.allocation import HOST_DATA
 from graphify.rules.devices import HOST_TENSOR_COPY, is_device_copy, legacy_tensor_type
+from graphify.rules.rewrite_safety import HOST_RANDOM
 
 # torch calls that build a new host tensor (or copy one) and change nothing else but the host generator
 _BUILDERS = _RANDOM | {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "eye", "arange", "linspace", "Variable"}
@@ -35,22 +36,25 @@ def plan_draws(plan: Plan, body: list[cst.BaseStatement], findings: list[Finding
     plain = {
         i for i in plan.graph if i in span and i not in plan.hoisted and i not in plan.keys and isinstance(body[i], cst.SimpleStatementLine)
     }
+    ids = {i: _ids(body[i]) for i in plain}
+    parents: dict[int, dict[int, cst.CSTNode]] = {}  # statement index -> its parent map, made once
     by_stmt: dict[int, list[cst.BaseExpression]] = {}
     for f in findings:
         if not ((f.rule is HOST_TENSOR_COPY or f.rule is HOST_DATA) and not removable(f)):
             continue
-        index = next((i for i in plain if id(f.node) in _ids(body[i])), None)
+        index = next((i for i in plain if id(f.node) in ids[i]), None)
         if index is not None:
-            by_stmt.setdefault(index, []).append(_widen(body[index], f.node, env))
+            up = parents.setdefault(index, _parents(body[index]))
+            by_stmt.setdefault(index, []).append(_widen(up, f.node, env))
     if not by_stmt:
         return
     changed = set().union(*(names_written(body[i]) for i in span), *(names_written(body[i]) for i in plan.pulled_in))
     for index in sorted(by_stmt):
-        outermost = {id(e): e for e in by_stmt[index] if not any(e is not o and id(e) in _ids(o) for o in by_stmt[index])}
-        if len(outermost) != 1:
+        outermost = [e for e in by_stmt[index] if not any(e is not o and id(e) in _ids(o) for o in by_stmt[index])]
+        if len({id(e) for e in outermost}) != 1:
             continue  # two draws in one statement: their order of evaluation is not the order of the source
-        expr = next(iter(outermost.values()))
-        if names_read(expr) & changed or _conditionally_evaluated(body[index], expr) or not _builds_only(expr, env):
+        expr = outermost[0]
+        if names_read(expr) & changed or _conditionally_evaluated(parents[index], expr) or not _builds_only(expr, env):
             continue
         target = _assigned_name(body[index])
         plan.draws[id(expr)] = (f"{target or 'host'}_drawn", expr)
@@ -65,9 +69,9 @@ def _ids(root: cst.CSTNode) -> set[int]:
     return {id(n) for n in walk(root)}
 
 
-def _widen(stmt: cst.BaseStatement, node: cst.CSTNode, env: Env) -> cst.CSTNode:
+def _widen(parents: dict[int, cst.CSTNode], node: cst.CSTNode, env: Env) -> cst.CSTNode:
     """`torch.from_numpy(a).float().to(device)`: the conversions and device copy of a built tensor go with it."""
-    parents, widest = _parents(stmt), node
+    widest = node
     while True:
         parent = parents.get(id(node))
         call = parents.get(id(parent)) if isinstance(parent, cst.Attribute) else None
@@ -110,8 +114,8 @@ def _builds_only(expr: cst.CSTNode, env: Env) -> bool:
     return True
 
 
-def _conditionally_evaluated(stmt: cst.BaseStatement, expr: cst.CSTNode) -> bool:
-    parents, node = _parents(stmt), expr
+def _conditionally_evaluated(parents: dict[int, cst.CSTNode], expr: cst.CSTNode) -> bool:
+    node = expr
     while id(node) in parents:
         node = parents[id(node)]
         if isinstance(node, (cst.IfExp, cst.BooleanOperation, cst.BaseComp, cst.Lambda)):
@@ -127,7 +131,7 @@ def _draws_left_in_step(plan: Plan, body, env: Env) -> bool:
         for n in walk(body[i]):
             if isinstance(n, cst.Call) and id(n) not in drawn:
                 qual = env.qualify(n.func) or ""
-                if qual.startswith(("numpy.random.", "random.")) or (qual.startswith("torch.") and qual.rsplit(".", 1)[-1] in _RANDOM):
+                if qual.startswith(HOST_RANDOM) or (qual.startswith("torch.") and qual.rsplit(".", 1)[-1] in _RANDOM):
                     return True
     return False
 

@@ -10,6 +10,7 @@ from graphify.analysis.checker import kwarg
 from graphify.analysis.calls import is_backward, is_delegated_step, is_model_call
 from graphify.analysis.region import Loop
 from graphify.analysis.names import dotted
+from graphify.analysis.tree import children
 from graphify.analysis.statements import (
     walk,
 )
@@ -99,7 +100,7 @@ def _walk_same_loop(root: cst.CSTNode):
         n = stack.pop()
         yield n
         if n is root or not isinstance(n, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            stack.extend(n.children)
+            stack.extend(children(n))
 
 
 def _keeps_grads(zero_grad: cst.Call) -> bool:

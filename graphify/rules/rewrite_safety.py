@@ -84,7 +84,7 @@ FIXES = {
 }
 
 
-_HOST_RANDOM = ("random.", "numpy.random.")
+HOST_RANDOM = ("random.", "numpy.random.")  # modules whose calls draw from a host generator
 
 
 def _decides_gpu_work(node: cst.CSTNode, site) -> bool:
@@ -119,7 +119,7 @@ def _host_random_draws(ck):
     runs): capture draws once and every replay repeats that outcome. Draws that build the step's inputs
     before its first GPU work stay eager in the rewrite and are not reported."""
     for node, site in ck.nodes():
-        if not isinstance(node, cst.Call) or not (site.env.qualify(node.func) or "").startswith(_HOST_RANDOM):
+        if not isinstance(node, cst.Call) or not (site.env.qualify(node.func) or "").startswith(HOST_RANDOM):
             continue
         if any(isinstance(a, cst.If) and is_periodic_gpu_branch(a, site.env) for a in site.ancestors):
             continue  # evaluation or sampling every N steps runs eagerly between replays (GFY502)
