@@ -8,7 +8,7 @@ import torch
 
 from graphify.runtime import CapturedStep, GraphedModule, copy_outputs
 from graphify.runtime.common import split, tree_map
-from graphify.runtime.reach import referenced, why_not_capturable
+from graphify.runtime.reach import inner_optimizers, referenced, why_not_capturable
 
 Pair = collections.namedtuple("Pair", "x y")
 
@@ -49,6 +49,11 @@ def test_split_separates_tensors_from_host_values():
     t = torch.ones(1)
     tensors, host = split((t, 0.5, Pair(t, 2), {"k": t}))
     assert len(tensors) == 3 and host == (0.5, 2, "k")
+    # NumPy scalars key graphs by value: two equal ones are the same key, whatever their identity
+    import numpy as np
+
+    one, other = np.float32(0.25), np.float32(0.25)
+    assert one is not other and split((one,))[1] == split((other,))[1] == (0.25,)
 
 
 def test_the_step_runs_eagerly_off_cuda():
@@ -100,6 +105,28 @@ def test_what_the_step_uses_is_found_through_closures_and_attributes():
     assert why_not_capturable(objects, [trainer.optimizer]) is None
     lbfgs = torch.optim.LBFGS(trainer.policy.parameters())
     assert "LBFGS" in why_not_capturable(objects, [lbfgs])
+
+
+class _GradientState:
+    def __init__(self, num_steps):
+        self.num_steps = num_steps
+
+
+def _accelerated(optimizer, scaler=None, num_steps=1):
+    """An optimizer wrapped as Accelerate wraps it (the class lives in an `accelerate` module)."""
+    wrapper = type("AcceleratedOptimizer", (torch.optim.Optimizer,), {"__module__": "accelerate.optimizer"})
+    wrapped = wrapper.__new__(wrapper)
+    wrapped.__dict__.update(optimizer=optimizer, scaler=scaler, gradient_state=_GradientState(num_steps))
+    return wrapped
+
+
+def test_accelerate_optimizers_are_stepped_through_their_inner_optimizer():
+    adam = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+    assert inner_optimizers([_accelerated(adam), adam]) == ([adam], None)
+    _, why = inner_optimizers([_accelerated(adam, scaler=object())])
+    assert "gradient scaler" in why
+    _, why = inner_optimizers([_accelerated(adam, num_steps=4)])
+    assert "accumulates" in why
 
 
 def test_a_wrapped_model_is_found():

@@ -112,7 +112,25 @@ def _defined_here(func: cst.BaseExpression, env: Env) -> bool:
 
 
 def is_step_op(node: cst.CSTNode, env: Env) -> bool:
-    return isinstance(node, cst.Call) and (is_backward(node, env) or is_optimizer_step(node, env) or is_delegated_step(node, env))
+    return isinstance(node, cst.Call) and (
+        is_backward(node, env) or is_optimizer_step(node, env) or is_delegated_step(node, env) or is_manual_update(node)
+    )
+
+
+def is_manual_update(call: cst.Call) -> bool:
+    """A hand-written optimizer update of one parameter from its own gradient: `p.data.add_(p.grad,
+    alpha=-lr)`, `p.sub_(lr * p.grad)` (SGD written out, as word-level language models do)."""
+    m = method_call(call)
+    if m is None or m[1] not in ("add_", "sub_"):
+        return False
+    receiver = m[0].value if type(m[0]) is cst.Attribute and m[0].attr.value == "data" else m[0]
+    if type(receiver) is not cst.Name:
+        return False
+    return any(
+        type(n) is cst.Attribute and n.attr.value == "grad" and type(n.value) is cst.Name and n.value.value == receiver.value
+        for a in call.args
+        for n in _iter_nodes(a.value)
+    )
 
 
 def is_periodic_gpu_branch(node: cst.If, env: Env) -> bool:

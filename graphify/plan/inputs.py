@@ -42,10 +42,15 @@ def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enc
         read_first |= names_read(stmt) - bound
         bound |= names_written(stmt)
     inputs = []
+    this_loop = names_written(plan.loop.node)
     for name in sorted(read_first):
         if name in per_iteration or (name in written and name in defined_outside):
             if dataflow.is_host_expression(cst.Name(name), env) and not is_shape_value(name, body):
-                if not _only_in_keys(name, plan, body):
+                if name not in this_loop and name not in written:
+                    # a number an enclosing loop sets (`lr /= 4` each epoch): fixed while this loop runs, so
+                    # it is a host input, and the runtime keeps one graph per value it takes
+                    inputs.append(name)
+                elif not _only_in_keys(name, plan, body):
                     why = f"the step reads `{name}`, a host value that changes between steps; capture would freeze it"
                     for reader in _statements_reading(name, graph_stmts) or [None]:
                         refuse(PER_STEP_HOST_VALUE, reader, why)

@@ -236,7 +236,7 @@ def _refuse_rebound(stmts: list[cst.BaseStatement], rebound: set[str], refuse) -
 
 
 def _pull_in_zero_grad(plan: Plan, body: list[cst.BaseStatement], env: Env) -> None:
-    """`optimizer.zero_grad()` shortly before the step moves into the step. Captured, it only hands
+    """`optimizer.zero_grad()` calls shortly before the step move into the step. Captured, it only hands
     the gradients to the graph's pool, which every replay refills in place; left outside, it would
     cost a Python call per step and leave `.grad` unset after each replay. Statements between it and
     the step (batch preparation) must not touch gradients."""
@@ -255,7 +255,7 @@ def _pull_in_zero_grad(plan: Plan, body: list[cst.BaseStatement], env: Env) -> N
         ):
             plan.graph.insert(0, i)
             plan.pulled_in.append(i)
-            return
+            continue  # `model.zero_grad(); head.zero_grad()`: each one left outside would unset `.grad`
         if (
             zero
             or any(is_step_op(c, env) or id(c) in env.gpu_calls for c in calls)

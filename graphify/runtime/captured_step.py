@@ -12,7 +12,7 @@ import torch
 
 from graphify.runtime.common import WARMUP, GraphifyFallbackWarning, copy_outputs, first_line, leaves, side_stream, split, tree_map
 from graphify.runtime.distributed import DDP_WARMUP, all_ranks_agree, ddp_modules, free_before_teardown
-from graphify.runtime.reach import bindings, referenced, same, why_not_capturable
+from graphify.runtime.reach import bindings, inner_optimizers, referenced, same, why_not_capturable
 
 MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes every step and the step stays eager
 # A step whose host time is under this share of its GPU time is GPU-bound: the GPU, not the launches, sets
@@ -123,9 +123,9 @@ class CapturedStep:
         state = self.state
         state.inspected = True
         objects = referenced(self.step)
-        state.optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
+        state.optimizers, state.disabled = inner_optimizers([o for o in objects if isinstance(o, torch.optim.Optimizer)])
         state.modules = [o for o in objects if isinstance(o, torch.nn.Module)]
-        state.disabled = why_not_capturable(objects, state.optimizers)
+        state.disabled = state.disabled or why_not_capturable(objects, state.optimizers)
         state.ddps = ddp_modules(state.modules)
         if state.disabled is not None:
             self._warn(state.disabled)

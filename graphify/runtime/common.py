@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import torch
 
@@ -57,7 +58,7 @@ def _leaves(value, out, host) -> None:
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         for f in dataclasses.fields(value):
             _leaves(getattr(value, f.name), out, host)
-    elif value is None or isinstance(value, (bool, int, float, str, bytes)):
+    elif value is None or isinstance(value, (numbers.Number, str, bytes)):  # NumPy scalars too: by value
         host.append(value)
     else:
         host.append(id(value))

@@ -80,6 +80,23 @@ def same(a: tuple, b: tuple) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
+def inner_optimizers(optimizers) -> tuple[list, str | None]:
+    """The torch optimizers the step's optimizers step, and why the step cannot be captured (or None).
+    Accelerate's wrapper steps its inner optimizer when gradients are synced, through its gradient
+    scaler under fp16: captured only without a scaler and without accumulation, where every call steps."""
+    found: list = []
+    for opt in optimizers:
+        if type(opt).__module__.startswith("accelerate") and isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer):
+            if getattr(opt, "scaler", None) is not None:
+                return found, "Accelerate steps the optimizer through its gradient scaler (fp16), on the host"
+            if getattr(getattr(opt, "gradient_state", None), "num_steps", 1) != 1:
+                return found, "Accelerate accumulates gradients: whether the optimizer steps is decided on the host"
+            opt = opt.optimizer
+        if all(opt is not f for f in found):
+            found.append(opt)
+    return found, None
+
+
 def why_not_capturable(objects, optimizers) -> str | None:
     for obj in objects:
         if isinstance(obj, torch.nn.Module):
