@@ -1,7 +1,7 @@
 """Run the real-world suite: rewrite each script, verify the rewrite on the GPU, time both.
 
     python bench/real/run.py prepare [--mirrors DIR]     # here: lay out scripts and support files
-    python bench/real/run.py run [--only ID ...] [--json FILE]   # GPU machine: data, verify, timing
+    python bench/real/run.py run [--only ID ...] [--json FILE] [--repeat N]   # GPU machine: data, verify, timing
     python bench/real/run.py report --json FILE [--out FILE]     # the table (bench/results/real_run.md)
 
 `prepare` needs the git mirrors (bench/real/restore.py); it writes bench/real/work/<id>/ (git-ignored),
@@ -9,7 +9,8 @@ which travels to the GPU machine. `run` makes the synthetic data (runs.toml, syn
 script: the loops `graphify rewrite` finds and what it does with each (with the hand label of the
 loop: a refusal is true when the label says the loop cannot be captured whole), `graphify verify` of
 the first rewritten loop (teacher-forced, step speedup), and the whole run of the original and of the
-rewrite to the end with the same arguments (wall time, and whether the rewrite fell back to eager).
+rewrite to the end with the same arguments, N times each, alternating (median wall time and every
+time, and whether the rewrite fell back to eager).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -186,7 +188,7 @@ def _whole_run(script: Path, run: dict) -> dict:
     return {"ok": True, "seconds": round(seconds, 2), "fell_back": fell_back}
 
 
-def run_one(entry: dict, run: dict) -> dict:
+def run_one(entry: dict, run: dict, repeat: int = 3) -> dict:
     record: dict = {"id": entry["id"], "repo": entry["repo"], "path": entry["path"]}
     script = script_path(entry)
     if not script.exists():
@@ -203,11 +205,32 @@ def run_one(entry: dict, run: dict) -> dict:
     graphified = script.with_name(script.stem + "_graphified.py")
     graphified.write_text(rewritten)
     if run.get("whole_run", True):
-        record["whole_run"] = {"eager": _whole_run(script, run), "graphify": _whole_run(graphified, run)}
+        record["whole_run"] = _whole_runs(script, graphified, run, repeat)
     return record
 
 
-def run_all(only: list[str] | None, out: Path) -> int:
+def _whole_runs(script: Path, graphified: Path, run: dict, repeat: int) -> dict:
+    """Each version `repeat` times, alternating (eager first), so that drift of the machine hits both
+    alike; the median, and every time, to tell a difference from run-to-run spread."""
+    times: dict[str, list] = {"eager": [], "graphify": []}
+    for _ in range(repeat):
+        for name, path in (("eager", script), ("graphify", graphified)):
+            done = _whole_run(path, run)
+            if not done["ok"]:
+                return {name: done, **{other: {"ok": True} for other in times if other != name}}
+            times[name].append(done)
+    return {
+        name: {
+            "ok": True,
+            "seconds": statistics.median(d["seconds"] for d in runs),
+            "runs": [d["seconds"] for d in runs],
+            "fell_back": any(d["fell_back"] for d in runs),
+        }
+        for name, runs in times.items()
+    }
+
+
+def run_all(only: list[str] | None, out: Path, repeat: int = 3) -> int:
     manifest = {e["id"]: e for e in load_manifest()}
     runs, not_run = load_runs()
     records = []
@@ -215,7 +238,7 @@ def run_all(only: list[str] | None, out: Path) -> int:
         if only and run["id"] not in only:
             continue
         started = time.perf_counter()
-        record = run_one(manifest[run["id"]], run)
+        record = run_one(manifest[run["id"]], run, repeat)
         record["seconds"] = round(time.perf_counter() - started, 1)
         print(json.dumps(record), flush=True)
         records.append(record)
@@ -252,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     p_run = sub.add_parser("run")
     p_run.add_argument("--only", nargs="*")
     p_run.add_argument("--json", type=Path, default=ROOT / "bench/results/real_run.json")
+    p_run.add_argument("--repeat", type=int, default=3, help="whole runs of each version, alternating (median reported)")
     p_report = sub.add_parser("report")
     p_report.add_argument("--json", type=Path, default=ROOT / "bench/results/real_run.json")
     p_report.add_argument("--out", type=Path, default=ROOT / "bench/results/real_run.md")
@@ -259,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "prepare":
         return prepare(args.mirrors, args.only)
     if args.command == "run":
-        return run_all(args.only, args.json)
+        return run_all(args.only, args.json, args.repeat)
     from run_report import write_report
 
     return write_report(args.json, args.out)

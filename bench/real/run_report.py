@@ -67,12 +67,24 @@ def _row(record: dict, loops: list[dict]) -> str:
         run_cell = "not timed (the script does not end soon)"
     elif eager.get("ok") and graphed.get("ok"):
         run_cell = f"{eager['seconds']:.1f} s → {graphed['seconds']:.1f} s ({_ratio(eager['seconds'], graphed['seconds'])})"
+        if "runs" in eager:
+            run_cell += f"{', within the spread' if _within_spread(whole) else ''} (runs: {_runs(eager)} → {_runs(graphed)})"
         if graphed.get("fell_back"):
             run_cell += ", fell back to eager"
     else:
         run_cell = "eager: " + (eager.get("why") or "ok") + "; graphify: " + (graphed.get("why") or "ok")
     cpu = "" if record.get("cuda_used", True) else " (CPU script)"
     return f"| {record['id']} | {rewritten} | {refused} | {state}{cpu} | {f'{step:.2f}×' if step else '—'} | {run_cell} |"
+
+
+def _runs(timed: dict) -> str:
+    return "/".join(f"{t:.1f}" for t in timed["runs"])
+
+
+def _within_spread(whole: dict) -> bool:
+    """The two versions' times overlap: the difference of the medians is run-to-run noise."""
+    eager, graphed = whole["eager"].get("runs"), whole["graphify"].get("runs")
+    return bool(eager and graphed) and min(graphed) <= max(eager) and min(eager) <= max(graphed)
 
 
 def summary(records: list[dict], static: dict[str, list[dict]]) -> list[str]:
@@ -90,6 +102,8 @@ def summary(records: list[dict], static: dict[str, list[dict]]) -> list[str]:
     whole_ratios = [w["eager"]["seconds"] / w["graphify"]["seconds"] for w in whole if w["eager"].get("ok") and w["graphify"].get("ok")]
     median = f"{statistics.median(speedups):.2f}×" if speedups else "—"
     median_whole = f"{statistics.median(whole_ratios):.2f}× (min {min(whole_ratios):.2f}×)" if whole_ratios else "—"
+    timed = [w for r in records for w in [r.get("whole_run") or {}] if w.get("eager", {}).get("runs") and w.get("graphify", {}).get("runs")]
+    slower = [w for w in timed if w["graphify"]["seconds"] > w["eager"]["seconds"] and not _within_spread(w)]
     return [
         "| | value |",
         "| --- | --- |",
@@ -104,6 +118,7 @@ def summary(records: list[dict], static: dict[str, list[dict]]) -> list[str]:
         f"| rewritten scripts that crashed where eager ran | {len(crashes)} |",
         f"| step speedup (verify), median | {median}" + (f" (min {min(speedups):.2f}×)" if speedups else "") + " |",
         f"| whole-run speedup, median | {median_whole} |",
+        f"| whole runs slower than eager beyond run-to-run spread (CPU scripts too) | {len(slower)}/{len(timed)} |",
     ]
 
 
