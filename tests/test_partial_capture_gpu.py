@@ -3,7 +3,9 @@ replays only the model's forward and backward, and trains like the original.
 
 The script has what makes partial capture hard: batch norm (its running statistics must not see
 make_graphed_callables' warmup passes), dropout (the CUDA RNG must be where eager would leave it)
-and a last partial batch of each epoch (it must run eagerly, not crash a replay).
+and a last partial batch of each epoch (it must run eagerly, not crash a replay). Its variants keep
+gradients across replays (accumulation over micro-batches, zeroing in place) and pass the model a
+keyword value.
 """
 
 from __future__ import annotations
@@ -52,3 +54,39 @@ def test_partial_capture_trains_like_the_original(tmp_path):
     rewrite = report.rewrite.data
     assert rewrite["graphs"] == 2  # one forward and one backward graph, captured once
     assert report.original.data["graphs"] == 0
+
+
+ACCUMULATING = SCRIPT.replace(
+    """    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()""",
+    """    for i, (x, y) in enumerate(loader):
+        x, y = x.to(device), y.to(device)
+        loss = criterion(model(x), y) / 2
+        loss.backward()
+        if i % 2 == 1:
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()""",
+)
+ZEROED_IN_PLACE = SCRIPT.replace("optimizer.zero_grad()", "optimizer.zero_grad(set_to_none=False)")
+KEYWORD = SCRIPT.replace(
+    "nn.Linear(64, 4)).to(device)",
+    "nn.Linear(64, 4)).to(device)\nmodel.forward = lambda x, temperature=1.0, f=model.forward: f(x) / temperature",
+).replace("model(x), y)", "model(x, temperature=2.0), y)")
+
+
+@pytest.mark.parametrize("script", [ACCUMULATING, ZEROED_IN_PLACE, KEYWORD], ids=["accumulation", "zeroed-in-place", "keyword"])
+def test_gradients_kept_across_replays_train_like_the_original(tmp_path, script):
+    assert script != SCRIPT
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    result = rewrite_source(script, str(path))
+    assert [o.verdict.value for o in result.outcomes] == ["partially-capturable"]
+    report = verify_file(str(path), steps=20)
+    assert report.passed, (report.message, report.detail, report.to_dict())
+    assert report.rewrite.data["graphs"] == 2

@@ -6,16 +6,14 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from graphify.analysis.checker import kwarg
 from graphify.analysis.calls import is_backward, is_delegated_step, is_model_call
 from graphify.analysis.region import Loop
-from graphify.analysis.names import dotted
 from graphify.analysis.tree import children
 from graphify.analysis.statements import (
     walk,
 )
 from graphify.model import Rule
-from graphify.plan.base import Refusal, body_of, is_zero_grad
+from graphify.plan.base import Refusal, body_of
 from graphify.plan.dataflow import is_host_expression
 from graphify.rules.rewrite_safety import (
     LOOP_SHAPE,
@@ -49,10 +47,11 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
     if len(model_calls) != 1 or not isinstance(model_calls[0].func, cst.Name):
         raise Refusal(LOOP_SHAPE, "partial capture needs exactly one call of the model, by name, in the loop body")
     call = model_calls[0]
-    if not call.args or any(a.keyword is not None or a.star for a in call.args):
-        raise Refusal(LOOP_SHAPE, "partial capture needs the model called with positional tensors only")
-    if any(is_host_expression(a.value, env) for a in call.args):
-        raise Refusal(LOOP_SHAPE, "partial capture needs the model called with tensors only (a host value is an argument)")
+    positional = [a for a in call.args if a.keyword is None]
+    if not positional or any(a.star for a in call.args) or positional != list(call.args[: len(positional)]):
+        raise Refusal(LOOP_SHAPE, "partial capture needs the model called with positional tensors (and keyword values)")
+    if any(is_host_expression(a.value, env) for a in positional):
+        raise Refusal(LOOP_SHAPE, "partial capture needs the model called with tensors (a host value is a positional argument)")
     if not _unconditional(body, [call]):
         raise Refusal(LOOP_SHAPE, "partial capture needs the model called once in every step")
     if not any(is_backward(c, env) or is_delegated_step(c, env) for c in calls):  # `loss_scaler(loss, optimizer)` runs it
@@ -63,11 +62,6 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
             raise Refusal(rule, f"partial capture cannot leave {rule.code} ({rule.name}) eager", node)
         if node is not None and id(node) in forward:
             raise Refusal(rule, "the model's forward itself would be captured with it", node)
-    zero_grads = [c for c in calls if is_zero_grad(c)]
-    if not _unconditional(body, zero_grads) or any(_keeps_grads(c) for c in zero_grads):
-        # a replayed backward hands autograd the graph's gradient buffers: they must not be added to
-        # (gradient accumulation adds to them: the next replay would overwrite what was accumulated)
-        raise Refusal(LOOP_SHAPE, "partial capture needs `zero_grad()` (set_to_none) in every step")
     return PartialPlan(loop, call, call.func.value, list(reasons))
 
 
@@ -101,10 +95,3 @@ def _walk_same_loop(root: cst.CSTNode):
         yield n
         if n is root or not isinstance(n, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             stack.extend(children(n))
-
-
-def _keeps_grads(zero_grad: cst.Call) -> bool:
-    value = kwarg(zero_grad, "set_to_none")
-    if value is None and zero_grad.args and zero_grad.args[0].keyword is None:
-        value = zero_grad.args[0].value
-    return value is not None and dotted(value) != "True"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import numbers
 import warnings
 import weakref
 
@@ -23,9 +25,13 @@ class GraphedModule:
     eagerly; a failed capture leaves the module eager for good, with one warning. The warmup passes
     make_graphed_callables runs itself are undone (batch-norm statistics and the CUDA RNG state are
     restored), so training sees each batch once. A replay returns copies of the graph's outputs (the
-    eager code around it may keep them past the next replay). A replayed backward hands autograd the
-    graph's own gradient buffers: gradients must be reset with `zero_grad(set_to_none=True)` (the
-    default) before every backward.
+    eager code around it may keep them past the next replay). Keyword arguments must be plain values
+    (a mask ratio, a flag): they are part of the graph's key; a tensor among them runs the call eagerly.
+
+    A replayed backward hands autograd the graph's own gradient buffers, and a parameter without a
+    gradient takes that buffer as its `.grad`: the next replay would overwrite it. So gradients still
+    present when a replay starts (accumulation over micro-batches, `zero_grad(set_to_none=False)`)
+    are first copied out of the buffers, in one fused copy, and accumulate as they would eagerly.
     """
 
     def __init__(self, module, warmup: int = WARMUP):
@@ -35,37 +41,48 @@ class GraphedModule:
             _graphed[module] = {"eager_runs": 0, "graphed": None, "signature": None, "disabled": None}
         self.state = _graphed[module]
 
-    def __call__(self, *inputs):
+    def __call__(self, *inputs, **constants):
         state = self.state
-        if state["disabled"] is not None or not self._graphable(inputs):
-            return self.module(*inputs)
-        signature = [(t.shape, t.dtype, t.device, t.requires_grad) for t in inputs] + [_autocast_setting()]
+        if state["disabled"] is not None or not self._graphable(inputs, constants):
+            return self.module(*inputs, **constants)
+        signature = [(t.shape, t.dtype, t.device, t.requires_grad) for t in inputs] + [_autocast_setting(), sorted(constants.items())]
         if state["graphed"] is None:
             if state["eager_runs"] < self.warmup:
                 state["eager_runs"] += 1
                 stream = side_stream(inputs[0].device)
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
-                    outputs = self.module(*inputs)
+                    outputs = self.module(*inputs, **constants)
                 torch.cuda.current_stream().wait_stream(stream)
                 return outputs
-            if not self._capture(inputs):
-                return self.module(*inputs)
+            if not self._capture(inputs, constants):
+                return self.module(*inputs, **constants)
             state["signature"] = signature
         if signature != state["signature"]:
-            return self.module(*inputs)
+            return self.module(*inputs, **constants)
+        self._unshare_gradients()
         return tree_map(torch.Tensor.clone, state["graphed"](*inputs))
 
-    def _graphable(self, inputs) -> bool:
+    def _unshare_gradients(self) -> None:
+        """Gradients present before a replay may be the graph's buffers (taken by autograd on the last
+        replayed backward): copy them out before the next backward overwrites the buffers."""
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        if params:
+            copies = torch._foreach_mul([p.grad for p in params], 1.0)  # exact: x * 1.0 == x, one fused kernel
+            for p, copy in zip(params, copies):
+                p.grad = copy
+
+    def _graphable(self, inputs, constants) -> bool:
         return (
             self.module.training
             and torch.is_grad_enabled()
             and bool(inputs)
             and all(torch.is_tensor(t) and t.is_cuda for t in inputs)
+            and all(v is None or isinstance(v, (numbers.Number, str)) for v in constants.values())
             and not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in self.module.modules())
         )
 
-    def _capture(self, inputs) -> bool:
+    def _capture(self, inputs, constants) -> bool:
         buffers = [b.clone() for b in self.module.buffers()]
         rng = torch.cuda.get_rng_state()
         # a copy of the generator's state object undoes a failed capture's "capturing" mark; after a
@@ -77,7 +94,7 @@ class GraphedModule:
             # make_graphed_callables swaps the forward of the module it is given: give it a holder
             holder = torch.nn.Module()
             holder.module = self.module
-            holder.forward = self.module.__call__
+            holder.forward = functools.partial(self.module.__call__, **constants)
             samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
             cache = torch.is_autocast_cache_enabled()
             torch.set_autocast_cache_enabled(False)  # cached casts would outlive the capture; the values are the same
