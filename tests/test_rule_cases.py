@@ -10,6 +10,7 @@ from graphify.engine import analyze_source
 
 _HEADER = """\
 import os, random, shutil
+import timm.utils
 import numpy as np
 import torch
 import torchvision
@@ -252,6 +253,107 @@ CASES = {
             x, y = xs[step], ys[step]
             loss = criterion(model(x), y)
             loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY501-step-in-called-function": (
+        "GFY501",
+        """
+        def update(loss, do_step):
+            loss.backward()
+            if do_step:  # here
+                opt.step(); opt.zero_grad()
+        for i, (x, y) in enumerate(loader):
+            last = (i + 1) % 4 == 0
+            if not last:  # here
+                with model.no_sync():
+                    update(criterion(model(x), y), last)
+            else:
+                update(criterion(model(x), y), last)
+        """,
+        """
+        def update(loss):
+            loss.backward()
+            opt.step(); opt.zero_grad()
+        for x, y in loader:
+            if args.no_sync:
+                with model.no_sync():
+                    update(criterion(model(x), y))
+            else:
+                update(criterion(model(x), y))
+        """,
+    ),
+    "GFY501-continue-before-step": (
+        "GFY501",
+        """
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward()
+            if (i + 1) % 4 != 0:  # here
+                continue
+            opt.step(); opt.zero_grad()
+        """,
+        """
+        for i, (x, y) in enumerate(loader):
+            if i < resume_step:
+                continue
+            loss = criterion(model(x), y)
+            loss.backward()
+            opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY502-target-network-copy": (
+        "GFY502",
+        """
+        for step, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            if step % 100 == 0:  # here
+                for p, tp in zip(model.parameters(), target.parameters()):
+                    tp.data.copy_(p.data)
+        """,
+        """
+        for step, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            if args.sync_target:
+                for p, tp in zip(model.parameters(), target.parameters()):
+                    tp.data.copy_(p.data)
+        """,
+    ),
+    "GFY502-warmup-else-branch": (
+        "GFY502",
+        """
+        for step in range(1000):
+            if step < 100:  # here
+                action = random.random()
+            else:
+                action = model(obs)
+            loss = criterion(model(obs), target)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        for step in range(1000):
+            if args.random_actions:
+                action = random.random()
+            else:
+                action = model(obs)
+            loss = criterion(model(obs), target)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY423-loss-scaler-on-unknown-loss": (
+        "GFY423",
+        """
+        loss_scaler = timm.utils.NativeScaler()
+        for x, y in loader:
+            result = task(x, y)
+            loss_scaler(result["loss"], opt, clip_grad=1.0)  # here
+        """,
+        """
+        for x, y in loader:
+            result = task(x, y)
+            scaled = loss_scaler(result["loss"])
+            scaled.backward(); opt.step(); opt.zero_grad()
         """,
     ),
 }

@@ -8,14 +8,14 @@ from typing import Iterator
 
 import libcst as cst
 
-from graphify.analysis.calls import is_model_call, is_optimizer_step, is_step_op, iter_nodes, method_call
+from graphify.analysis.calls import is_backward, is_model_call, is_optimizer_step, is_step_op, iter_nodes, method_call
 from graphify.analysis.region import Loop, Site
 from graphify.analysis.scope import collect_scope
 from graphify.analysis.targets import unwrap_iterable
 from graphify.analysis.names import dotted
 from graphify.analysis.program import ModuleInfo
 from graphify.analysis.values import Env
-from graphify.analysis.vocabulary import ADAM_FAMILY, SCALER, is_torch_tensor_call
+from graphify.analysis.vocabulary import ADAM_FAMILY, MODEL, OPTIMIZER, SCALER, is_torch_tensor_call
 from graphify.model import Rule
 
 _EMPTY_MODULE = cst.Module([])
@@ -159,6 +159,48 @@ class Checker:
     @cached_property
     def step_positions(self) -> list[int]:
         return [i for i, (n, s) in enumerate(self.region.nodes) if is_step_op(n, s.env)]
+
+    @cached_property
+    def _optimizer_step_chains(self) -> list[tuple[int, set[int]]]:
+        """Each optimizer step of the region (`opt.step()`, `scaler.step(opt)`, a loss-scaler helper, or
+        `zero_grad`): where it runs in the loop body, and the ids of it and of every call leading to it."""
+        chains = []
+        for i, (node, site) in enumerate(self.region.nodes):
+            if not (is_step_op(node, site.env) and not is_backward(node, site.env)) and not _is_zero_grad(node, site.env):
+                continue
+            calls = self.region.body_calls_of(site)
+            chain = {id(node)} | {id(c) for c in calls}
+            block = site.block
+            while block.call is not None:
+                chain.add(id(block.call))
+                block = block.parent
+            chains.append((self._body_position(i, calls), chain))
+        return chains
+
+    def _body_position(self, i: int, calls: list[cst.Call]) -> int:
+        """Where the node at position i runs in the loop body: its own position, or that of the first body call leading to it."""
+        return min((self.position(c) for c in calls), default=i)
+
+    @cached_property
+    def first_forward_in_body(self) -> int:
+        """Where the loop body first runs a model or a backward pass, itself or through a call."""
+        return min(
+            (
+                self._body_position(i, self.region.body_calls_of(s))
+                for i, (n, s) in enumerate(self.region.nodes)
+                if type(n) is cst.Call and (is_model_call(n, s.env) or is_backward(n, s.env))
+            ),
+            default=len(self.region.nodes),
+        )
+
+    def steps_optimizer(self, root: cst.CSTNode) -> bool:
+        """Whether code under `root` steps or zeroes an optimizer, itself or through the functions it calls."""
+        inside = {id(n) for n in iter_nodes(root)}
+        return any(chain & inside for _, chain in self._optimizer_step_chains)
+
+    def steps_optimizer_after(self, node: cst.CSTNode) -> bool:
+        """Whether the loop body steps or zeroes an optimizer after `node`."""
+        return any(at > self.position(node) for at, _ in self._optimizer_step_chains)
 
     @cached_property
     def first_gpu_position(self) -> int:
@@ -344,3 +386,8 @@ def is_cpu_arg(expr: cst.BaseExpression, env: Env) -> bool:
     if isinstance(expr, cst.Call) and (env.qualify(expr.func) or "").endswith("device") and expr.args:
         return is_cpu_arg(expr.args[0].value, env)
     return False
+
+
+def _is_zero_grad(node: cst.CSTNode, env: Env) -> bool:
+    m = method_call(node)
+    return m is not None and m[1] == "zero_grad" and env.kind_of(m[0]) in (OPTIMIZER, MODEL, SCALER)

@@ -34,6 +34,12 @@ from graphify.analysis.vocabulary import (
 )
 
 
+# loss scalers that own a GradScaler: torch's own, timm's and the MAE/DeiT helpers built on it
+_SCALER_CLASSES = {"GradScaler", "ShardedGradScaler", "NativeScaler", "NativeScalerWithGradNormCount"}
+# factories named after what they build: `create_optimizer_v2`, `build_model`, `get_scheduler`
+_FACTORY = re.compile(r"^(?:create|build|make|get|init|setup)_([a-z]+)(?:_v\d+)?$")
+
+
 @dataclass
 class Env:
     """Everything the inference needs for one function body: its scope, the class's `self.` attributes,
@@ -118,7 +124,7 @@ class Env:
             return OPTIMIZER
         if "lr_scheduler" in qual or last.endswith(("LR", "Scheduler")) or re.match(r"get_\w*schedule", last):
             return SCHEDULER
-        if last == "GradScaler":
+        if last in _SCALER_CLASSES:
             return SCALER
         if last == "DataLoader":
             return LOADER
@@ -130,7 +136,10 @@ class Env:
             return LOSS
         if qual.startswith("torch.nn.") and last[:1].isupper() and not qual.startswith("torch.nn.functional"):
             return MODEL
-        if qual.startswith(("torchvision.models", "timm.", "transformers.")):
+        factory = _FACTORY.match(last)
+        if factory is not None and kind_by_name(factory.group(1)) in (MODEL, OPTIMIZER, SCHEDULER, SCALER, LOADER):
+            return kind_by_name(factory.group(1))  # create_optimizer_v2(...), build_model(cfg)
+        if qual.startswith(("torchvision.models", "timm.models.", "transformers.")) or qual == "timm.create_model":
             return MODEL
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == "from_pretrained":
             return MODEL
