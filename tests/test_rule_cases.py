@@ -356,6 +356,49 @@ CASES = {
             scaled.backward(); opt.step(); opt.zero_grad()
         """,
     ),
+    "GFY003-module-put-in-eval-mode": (
+        "GFY003",
+        """
+        def evaluate(task, loader):
+            task.eval()
+            feats = []
+            with torch.no_grad():
+                for batch in loader:
+                    out = task(batch)
+                    feats.append(out.cpu())  # here
+        """,
+        """
+        def evaluate(task, loader):
+            feats = []
+            with torch.no_grad():
+                for batch in loader:
+                    out = task(batch)
+                    feats.append(out.cpu())
+        """,
+    ),
+    "GFY006-concatenated-f-string": (
+        "GFY006",
+        """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            print(
+                f"step "
+                f"loss {loss:.3f}"  # here
+            )
+        """,
+        """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            avg = round(meter.avg, 4)
+            print(
+                f"step "
+                f"avg {avg:.3f}"
+            )
+        avg = torch.tensor(avg)
+        """,
+    ),
 }
 
 

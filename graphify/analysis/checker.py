@@ -8,14 +8,15 @@ from typing import Iterator
 
 import libcst as cst
 
-from graphify.analysis.calls import is_backward, is_model_call, is_optimizer_step, is_step_op, iter_nodes, method_call
+from graphify.analysis.calls import is_model_call, is_optimizer_step, is_step_op, iter_nodes, method_call
 from graphify.analysis.region import Loop, Site
+from graphify.analysis.reach import first_forward_position, optimizer_step_chains
 from graphify.analysis.scope import collect_scope
 from graphify.analysis.targets import unwrap_iterable
 from graphify.analysis.names import dotted
 from graphify.analysis.program import ModuleInfo
 from graphify.analysis.values import Env
-from graphify.analysis.vocabulary import ADAM_FAMILY, MODEL, OPTIMIZER, SCALER, is_torch_tensor_call
+from graphify.analysis.vocabulary import ADAM_FAMILY, SCALER, is_torch_tensor_call
 from graphify.model import Rule
 
 _EMPTY_MODULE = cst.Module([])
@@ -162,36 +163,12 @@ class Checker:
 
     @cached_property
     def _optimizer_step_chains(self) -> list[tuple[int, set[int]]]:
-        """Each optimizer step of the region (`opt.step()`, `scaler.step(opt)`, a loss-scaler helper, or
-        `zero_grad`): where it runs in the loop body, and the ids of it and of every call leading to it."""
-        chains = []
-        for i, (node, site) in enumerate(self.region.nodes):
-            if not (is_step_op(node, site.env) and not is_backward(node, site.env)) and not _is_zero_grad(node, site.env):
-                continue
-            calls = self.region.body_calls_of(site)
-            chain = {id(node)} | {id(c) for c in calls}
-            block = site.block
-            while block.call is not None:
-                chain.add(id(block.call))
-                block = block.parent
-            chains.append((self._body_position(i, calls), chain))
-        return chains
-
-    def _body_position(self, i: int, calls: list[cst.Call]) -> int:
-        """Where the node at position i runs in the loop body: its own position, or that of the first body call leading to it."""
-        return min((self.position(c) for c in calls), default=i)
+        return optimizer_step_chains(self.region, self.position)
 
     @cached_property
     def first_forward_in_body(self) -> int:
         """Where the loop body first runs a model or a backward pass, itself or through a call."""
-        return min(
-            (
-                self._body_position(i, self.region.body_calls_of(s))
-                for i, (n, s) in enumerate(self.region.nodes)
-                if type(n) is cst.Call and (is_model_call(n, s.env) or is_backward(n, s.env))
-            ),
-            default=len(self.region.nodes),
-        )
+        return first_forward_position(self.region, self.position)
 
     def steps_optimizer(self, root: cst.CSTNode) -> bool:
         """Whether code under `root` steps or zeroes an optimizer, itself or through the functions it calls."""
@@ -243,9 +220,23 @@ class Checker:
         return names
 
     @cached_property
+    def _loop_scope(self):
+        return collect_scope(self.loop.node.body)
+
+    def is_tensor_here(self, expr: cst.BaseExpression, site: Site) -> bool:
+        """Whether an expression of the step holds a tensor where it stands: a name the loop body rebinds only
+        to host values (`loss_avg = meter.avg`) holds those there, whatever the function assigns it elsewhere."""
+        env = site.env
+        if site.block is self.region.body_block and type(expr) is cst.Name and expr.value in env.tensors:
+            verdicts = {env._tensor(v, 0) for v in self._loop_scope.values.get(expr.value, ())}
+            if False in verdicts and True not in verdicts:
+                return False
+        return env.is_tensor(expr)
+
+    @cached_property
     def assigned_in_loop(self) -> set[str]:
         """Names (re)bound anywhere in the loop body, the loop target included."""
-        names = set(collect_scope(self.loop.node.body).values)
+        names = set(self._loop_scope.values)
         if isinstance(self.loop.node, cst.For):
             names.update(n.value for n in iter_nodes(self.loop.node.target) if isinstance(n, cst.Name))
         return names
@@ -386,8 +377,3 @@ def is_cpu_arg(expr: cst.BaseExpression, env: Env) -> bool:
     if isinstance(expr, cst.Call) and (env.qualify(expr.func) or "").endswith("device") and expr.args:
         return is_cpu_arg(expr.args[0].value, env)
     return False
-
-
-def _is_zero_grad(node: cst.CSTNode, env: Env) -> bool:
-    m = method_call(node)
-    return m is not None and m[1] == "zero_grad" and env.kind_of(m[0]) in (OPTIMIZER, MODEL, SCALER)

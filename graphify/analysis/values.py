@@ -12,7 +12,7 @@ import libcst as cst
 
 from graphify.analysis.names import Aliases, dotted
 from graphify.analysis.scope import Scope
-from graphify.analysis.tree import children
+from graphify.analysis.tree import children, memo
 from graphify.analysis.vocabulary import (
     ACCELERATOR,
     CONFIG_ROOTS,
@@ -93,7 +93,22 @@ class Env:
             kind = call_kinds[id(value)] if id(value) in call_kinds else self.kind_of(value, depth + 1)
             if kind is not None:
                 return kind
-        return kind_by_name(name)
+        return kind_by_name(name) or (MODEL if name in self._put_in_eval_mode() else None)
+
+    def _put_in_eval_mode(self) -> set[str]:
+        """Names this body calls `.eval()` on (`task.eval()` before a validation loop): modules, whatever their name."""
+        body = self.func.node if getattr(self.func, "node", None) is not None else getattr(self.module, "tree", None)
+        if body is None:
+            return set()
+        found = _EVAL_RECEIVERS.get(id(body))
+        if found is None or found[0] is not body:
+            names = set()
+            for stmt in _statements(body):
+                call = stmt.body[0].value if type(stmt.body[0]) is cst.Expr else None
+                if type(call) is cst.Call and type(call.func) is cst.Attribute and call.func.attr.value == "eval" and not call.args:
+                    names.add(dotted(call.func.value))
+            found = _EVAL_RECEIVERS[id(body)] = (body, names - {None})
+        return found[1]
 
     def _is_container_of_objects(self, expr: cst.BaseExpression) -> bool:
         name = dotted(expr)
@@ -326,6 +341,20 @@ class Env:
                         changed = True
             if not changed:
                 break
+
+
+_EVAL_RECEIVERS: dict[int, tuple[cst.CSTNode, set[str]]] = memo()
+
+
+def _statements(body: cst.CSTNode):
+    """The simple statement lines of a function or module body, nested functions and classes left out."""
+    stack = list(children(body))
+    while stack:
+        node = stack.pop()
+        if type(node) is cst.SimpleStatementLine:
+            yield node
+        elif type(node) not in (cst.FunctionDef, cst.ClassDef) and not isinstance(node, cst.BaseSmallStatement):
+            stack.extend(children(node))
 
 
 def _returns(fn: cst.FunctionDef):
