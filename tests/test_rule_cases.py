@@ -399,6 +399,26 @@ CASES = {
         avg = torch.tensor(avg)
         """,
     ),
+    "GFY301-batch-handed-to-device-helper": (
+        "GFY301",
+        """
+        it = iter(loader)
+        while True:
+            batch = next(it)
+            batch = task.prepare_batch(batch, device=device)  # here
+            loss = model(**batch).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        it = iter(loader)
+        while True:
+            batch = next(it)
+            batch = task.prepare_batch(batch, device="cpu")
+            batch = collate(batch, max_len)
+            loss = model(**batch).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
 }
 
 
