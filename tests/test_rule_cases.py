@@ -419,6 +419,30 @@ CASES = {
             loss.backward(); opt.step(); opt.zero_grad()
         """,
     ),
+    "GFY701-host-helper-feeds-step": (
+        "GFY701",
+        """
+        def accuracy(out, y):
+            return (out.argmax(1) == y).float().mean()
+        for x, y in loader:
+            out = model(x)
+            acc = accuracy(out, y)
+            meter.update(acc)
+            w = lookup(table)  # here
+            loss = criterion(out, y) * w
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        def accuracy(out, y):
+            return (out.argmax(1) == y).float().mean()
+        for x, y in loader:
+            out = model(x)
+            acc = accuracy(out, y)
+            meter.update(acc)
+            loss = criterion(out, y)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
 }
 
 
