@@ -71,6 +71,21 @@ def _run_constant(test, ck, env, depth: int = 0) -> bool:
     return True
 
 
+def _reads_loop_value(test, ck, env, depth: int = 0) -> bool:
+    """A test on a name the loop rebinds (`need_update`), in a called function through the argument of a parameter."""
+    changed = ck.counters | ck.assigned_in_loop
+    for n in iter_nodes(test):
+        if not isinstance(n, cst.Name):
+            continue
+        if n.value in env.bound and env is not ck.body_env:
+            caller, arg = env.bound[n.value]
+            if depth < 4 and _reads_loop_value(arg, ck, caller, depth + 1):
+                return True
+        elif n.value in changed:
+            return True
+    return False
+
+
 def _on_sync_boundary(test, env) -> bool:
     """`accelerator.sync_gradients`: accelerate's step counter says whether this micro-step ends an
     accumulation cycle, so it is true on one step in k."""
@@ -141,7 +156,7 @@ def check(ck):
                 "capture one graph per accumulation cycle (graphify rewrite does this for `step % k` conditions)",
                 _is_counter_modulo(node.test),
             )
-        elif not _run_constant(node.test, ck, site.env) and (
+        elif _reads_loop_value(node.test, ck, site.env) and (
             ck.steps_optimizer(node.body) or (node.orelse is not None and ck.steps_optimizer(node.orelse))
         ):
             yield ck.finding(
