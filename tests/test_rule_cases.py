@@ -10,7 +10,7 @@ from graphify.engine import analyze_source
 
 _HEADER = """\
 import os, random, shutil
-import timm.utils
+import timm.scheduler, timm.utils
 import numpy as np
 import torch
 import torchvision
@@ -441,6 +441,24 @@ CASES = {
             meter.update(acc)
             loss = criterion(out, y)
             loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY411-timm-step-update": (
+        "GFY411",
+        """
+        sched = timm.scheduler.create_scheduler_v2(opt)
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            sched.step_update(num_updates=i)  # here
+        """,
+        """
+        sched = timm.scheduler.create_scheduler_v2(opt)
+        for epoch in range(10):
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+        sched.step_update(num_updates=10)
         """,
     ),
 }
