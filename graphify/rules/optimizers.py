@@ -101,7 +101,7 @@ def check(ck):
                 site,
                 f"`{code_of(node)}` sets a float learning rate inside the step",
                 _lr_fix(tensor_lr),
-                tensor_lr and _outside_called_step(ck, site) and m[1] == "step",  # the rewrite knows torch's schedulers only
+                tensor_lr and _outside_called_step(ck, site),
             )
 
 
