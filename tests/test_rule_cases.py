@@ -10,6 +10,7 @@ from graphify.engine import analyze_source
 
 _HEADER = """\
 import os, random, shutil
+import timm.scheduler, timm.utils
 import numpy as np
 import torch
 import torchvision
@@ -252,6 +253,212 @@ CASES = {
             x, y = xs[step], ys[step]
             loss = criterion(model(x), y)
             loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY501-step-in-called-function": (
+        "GFY501",
+        """
+        def update(loss, do_step):
+            loss.backward()
+            if do_step:  # here
+                opt.step(); opt.zero_grad()
+        for i, (x, y) in enumerate(loader):
+            last = (i + 1) % 4 == 0
+            if not last:  # here
+                with model.no_sync():
+                    update(criterion(model(x), y), last)
+            else:
+                update(criterion(model(x), y), last)
+        """,
+        """
+        def update(loss):
+            loss.backward()
+            opt.step(); opt.zero_grad()
+        for x, y in loader:
+            if args.no_sync:
+                with model.no_sync():
+                    update(criterion(model(x), y))
+            else:
+                update(criterion(model(x), y))
+        """,
+    ),
+    "GFY501-continue-before-step": (
+        "GFY501",
+        """
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward()
+            if (i + 1) % 4 != 0:  # here
+                continue
+            opt.step(); opt.zero_grad()
+        """,
+        """
+        for i, (x, y) in enumerate(loader):
+            if i < resume_step:
+                continue
+            loss = criterion(model(x), y)
+            loss.backward()
+            opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY502-target-network-copy": (
+        "GFY502",
+        """
+        for step, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            if step % 100 == 0:  # here
+                for p, tp in zip(model.parameters(), target.parameters()):
+                    tp.data.copy_(p.data)
+        """,
+        """
+        for step, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            if args.sync_target:
+                for p, tp in zip(model.parameters(), target.parameters()):
+                    tp.data.copy_(p.data)
+        """,
+    ),
+    "GFY502-warmup-else-branch": (
+        "GFY502",
+        """
+        for step in range(1000):
+            if step < 100:  # here
+                action = random.random()
+            else:
+                action = model(obs)
+            loss = criterion(model(obs), target)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        for step in range(1000):
+            if args.random_actions:
+                action = random.random()
+            else:
+                action = model(obs)
+            loss = criterion(model(obs), target)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY423-loss-scaler-on-unknown-loss": (
+        "GFY423",
+        """
+        loss_scaler = timm.utils.NativeScaler()
+        for x, y in loader:
+            result = task(x, y)
+            loss_scaler(result["loss"], opt, clip_grad=1.0)  # here
+        """,
+        """
+        for x, y in loader:
+            result = task(x, y)
+            scaled = loss_scaler(result["loss"])
+            scaled.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY003-module-put-in-eval-mode": (
+        "GFY003",
+        """
+        def evaluate(task, loader):
+            task.eval()
+            feats = []
+            with torch.no_grad():
+                for batch in loader:
+                    out = task(batch)
+                    feats.append(out.cpu())  # here
+        """,
+        """
+        def evaluate(task, loader):
+            feats = []
+            with torch.no_grad():
+                for batch in loader:
+                    out = task(batch)
+                    feats.append(out.cpu())
+        """,
+    ),
+    "GFY006-concatenated-f-string": (
+        "GFY006",
+        """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            print(
+                f"step "
+                f"loss {loss:.3f}"  # here
+            )
+        """,
+        """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            avg = round(meter.avg, 4)
+            print(
+                f"step "
+                f"avg {avg:.3f}"
+            )
+        avg = torch.tensor(avg)
+        """,
+    ),
+    "GFY301-batch-handed-to-device-helper": (
+        "GFY301",
+        """
+        it = iter(loader)
+        while True:
+            batch = next(it)
+            batch = task.prepare_batch(batch, device=device)  # here
+            loss = model(**batch).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        it = iter(loader)
+        while True:
+            batch = next(it)
+            batch = task.prepare_batch(batch, device="cpu")
+            batch = collate(batch, max_len)
+            loss = model(**batch).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY701-host-helper-feeds-step": (
+        "GFY701",
+        """
+        def accuracy(out, y):
+            return (out.argmax(1) == y).float().mean()
+        for x, y in loader:
+            out = model(x)
+            acc = accuracy(out, y)
+            meter.update(acc)
+            w = lookup(table)  # here
+            loss = criterion(out, y) * w
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        def accuracy(out, y):
+            return (out.argmax(1) == y).float().mean()
+        for x, y in loader:
+            out = model(x)
+            acc = accuracy(out, y)
+            meter.update(acc)
+            loss = criterion(out, y)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY411-timm-step-update": (
+        "GFY411",
+        """
+        sched = timm.scheduler.create_scheduler_v2(opt)
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            sched.step_update(num_updates=i)  # here
+        """,
+        """
+        sched = timm.scheduler.create_scheduler_v2(opt)
+        for epoch in range(10):
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+        sched.step_update(num_updates=10)
         """,
     ),
 }

@@ -2,7 +2,10 @@
 
 import pytest
 
-from graphify.analysis.vocabulary import OPTIMIZER, kind_by_name
+import libcst as cst
+
+from graphify.analysis.program import Program
+from graphify.analysis.vocabulary import MODEL, OPTIMIZER, SCALER, SCHEDULER, kind_by_name
 from graphify.rewrite import rewrite_source
 
 
@@ -19,6 +22,25 @@ from graphify.rewrite import rewrite_source
 )
 def test_optimizer_names(name, kind):
     assert kind_by_name(name) == kind
+
+
+@pytest.mark.parametrize(
+    ("construction", "kind"),
+    [
+        ("timm.optim.create_optimizer_v2(model, opt='adamw')", OPTIMIZER),  # not a model, though timm's
+        ("timm.scheduler.create_scheduler(args, optimizer)", SCHEDULER),
+        ("timm.utils.NativeScaler()", SCALER),
+        ("timm.create_model('resnet50')", MODEL),
+        ("build_model(cfg)", MODEL),
+        ("make_dataset(cfg)", None),
+        ("get_device()", None),
+    ],
+)
+def test_objects_built_by_factories(construction, kind):
+    source = f"import timm\nimport timm.optim, timm.scheduler, timm.utils\nobj = {construction}\n"
+    module = Program().add("m.py", source, cst.parse_module(source))
+    env = module.function_info(None, None).new_env()
+    assert env.kind_of(cst.parse_expression("obj")) == kind
 
 
 def test_an_optimizer_held_by_the_policy_zeroes_its_gradients_inside_the_step(settings):

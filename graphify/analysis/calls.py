@@ -9,7 +9,7 @@ import libcst as cst
 from graphify.analysis.names import dotted
 from graphify.analysis.tree import children, memo
 from graphify.analysis.values import Env
-from graphify.analysis.vocabulary import DDP, ENV, MODEL, OPTIMIZER, SCALER
+from graphify.analysis.vocabulary import DDP, ENV, LOADER, MODEL, OPTIMIZER, SCALER
 
 NO_GRAD = ("no_grad", "inference_mode")
 # Tested with `type(n) in`: libcst's node classes have no subclasses, and isinstance on their
@@ -60,9 +60,13 @@ def is_delegated_step(call: cst.Call, env: Env) -> bool:
     values = [a.value for a in call.args if not a.star]
     if len(values) < 2 or is_backward(call, env) or is_optimizer_step(call, env):
         return False
+    kinds = [env.kind_of(v) for v in values]
+    if env.kind_of(call.func) == SCALER:  # `loss_scaler(loss, optimizer)`: a scaler object handed the optimizer
+        return OPTIMIZER in kinds
     return (
-        any(env.kind_of(v) == OPTIMIZER for v in values)
-        and any(env._tensor(v, 0) is True and env.kind_of(v) not in (MODEL, DDP) for v in values)  # a model is no loss
+        OPTIMIZER in kinds
+        and LOADER not in kinds  # `train_one_epoch(model, loader, optimizer, ...)` runs many steps, not one
+        and any(env._tensor(v, 0) is True and kind not in (MODEL, DDP) for v, kind in zip(values, kinds))  # a model is no loss
         and not _defined_here(call.func, env)
     )
 

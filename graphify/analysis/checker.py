@@ -10,6 +10,7 @@ import libcst as cst
 
 from graphify.analysis.calls import is_model_call, is_optimizer_step, is_step_op, iter_nodes, method_call
 from graphify.analysis.region import Loop, Site
+from graphify.analysis.reach import first_forward_position, optimizer_step_chains
 from graphify.analysis.scope import collect_scope
 from graphify.analysis.targets import unwrap_iterable
 from graphify.analysis.names import dotted
@@ -161,6 +162,24 @@ class Checker:
         return [i for i, (n, s) in enumerate(self.region.nodes) if is_step_op(n, s.env)]
 
     @cached_property
+    def _optimizer_step_chains(self) -> list[tuple[int, set[int]]]:
+        return optimizer_step_chains(self.region, self.position)
+
+    @cached_property
+    def first_forward_in_body(self) -> int:
+        """Where the loop body first runs a model or a backward pass, itself or through a call."""
+        return first_forward_position(self.region, self.position)
+
+    def steps_optimizer(self, root: cst.CSTNode) -> bool:
+        """Whether code under `root` steps or zeroes an optimizer, itself or through the functions it calls."""
+        inside = {id(n) for n in iter_nodes(root)}
+        return any(chain & inside for _, chain in self._optimizer_step_chains)
+
+    def steps_optimizer_after(self, node: cst.CSTNode) -> bool:
+        """Whether the loop body steps or zeroes an optimizer after `node`."""
+        return any(at > self.position(node) for at, _ in self._optimizer_step_chains)
+
+    @cached_property
     def first_gpu_position(self) -> int:
         for i, (n, s) in enumerate(self.region.nodes):
             if isinstance(n, cst.Call) and (is_step_op(n, s.env) or is_model_call(n, s.env)):
@@ -201,9 +220,23 @@ class Checker:
         return names
 
     @cached_property
+    def _loop_scope(self):
+        return collect_scope(self.loop.node.body)
+
+    def is_tensor_here(self, expr: cst.BaseExpression, site: Site) -> bool:
+        """Whether an expression of the step holds a tensor where it stands: a name the loop body rebinds only
+        to host values (`loss_avg = meter.avg`) holds those there, whatever the function assigns it elsewhere."""
+        env = site.env
+        if site.block is self.region.body_block and type(expr) is cst.Name and expr.value in env.tensors:
+            verdicts = {env._tensor(v, 0) for v in self._loop_scope.values.get(expr.value, ())}
+            if False in verdicts and True not in verdicts:
+                return False
+        return env.is_tensor(expr)
+
+    @cached_property
     def assigned_in_loop(self) -> set[str]:
         """Names (re)bound anywhere in the loop body, the loop target included."""
-        names = set(collect_scope(self.loop.node.body).values)
+        names = set(self._loop_scope.values)
         if isinstance(self.loop.node, cst.For):
             names.update(n.value for n in iter_nodes(self.loop.node.target) if isinstance(n, cst.Name))
         return names

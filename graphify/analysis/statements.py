@@ -131,7 +131,7 @@ def does_gpu_work(node: cst.CSTNode, env: Env) -> bool:
                     return True
                 if kind == SCALER and m[1] in ("scale", "unscale_"):
                     return True
-                if env.is_tensor(m[0]):
+                if env.is_tensor(m[0]) or _in_place_on_data(*m):
                     return True
         elif isinstance(n, cst.BinaryOperation) and (env.is_tensor(n.left) or env.is_tensor(n.right)):
             return True
@@ -139,6 +139,16 @@ def does_gpu_work(node: cst.CSTNode, env: Env) -> bool:
             return True
         stack.extend(children(n))
     return False
+
+
+def _in_place_on_data(receiver: cst.BaseExpression, method: str) -> bool:
+    """`p.data.copy_(...)`, `p.grad.zero_()`: an in-place op on a parameter's data or gradient."""
+    return (
+        method.endswith("_")
+        and not method.startswith("_")
+        and isinstance(receiver, cst.Attribute)
+        and receiver.attr.value in ("data", "grad")
+    )
 
 
 def contains(root: cst.CSTNode, node: cst.CSTNode) -> bool:

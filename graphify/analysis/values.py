@@ -12,7 +12,7 @@ import libcst as cst
 
 from graphify.analysis.names import Aliases, dotted
 from graphify.analysis.scope import Scope
-from graphify.analysis.tree import children
+from graphify.analysis.tree import children, memo
 from graphify.analysis.vocabulary import (
     ACCELERATOR,
     CONFIG_ROOTS,
@@ -32,6 +32,12 @@ from graphify.analysis.vocabulary import (
     is_torch_tensor_call,
     kind_by_name,
 )
+
+
+# loss scalers that own a GradScaler: torch's own, timm's and the MAE/DeiT helpers built on it
+_SCALER_CLASSES = {"GradScaler", "ShardedGradScaler", "NativeScaler", "NativeScalerWithGradNormCount"}
+# factories named after what they build: `create_optimizer_v2`, `build_model`, `get_scheduler`
+_FACTORY = re.compile(r"^(?:create|build|make|get|init|setup)_([a-z]+)(?:_v\d+)?$")
 
 
 @dataclass
@@ -87,7 +93,22 @@ class Env:
             kind = call_kinds[id(value)] if id(value) in call_kinds else self.kind_of(value, depth + 1)
             if kind is not None:
                 return kind
-        return kind_by_name(name)
+        return kind_by_name(name) or (MODEL if name in self._put_in_eval_mode() else None)
+
+    def _put_in_eval_mode(self) -> set[str]:
+        """Names this body calls `.eval()` on (`task.eval()` before a validation loop): modules, whatever their name."""
+        body = self.func.node if getattr(self.func, "node", None) is not None else getattr(self.module, "tree", None)
+        if body is None:
+            return set()
+        found = _EVAL_RECEIVERS.get(id(body))
+        if found is None or found[0] is not body:
+            names = set()
+            for stmt in _statements(body):
+                call = stmt.body[0].value if type(stmt.body[0]) is cst.Expr else None
+                if type(call) is cst.Call and type(call.func) is cst.Attribute and call.func.attr.value == "eval" and not call.args:
+                    names.add(dotted(call.func.value))
+            found = _EVAL_RECEIVERS[id(body)] = (body, names - {None})
+        return found[1]
 
     def _is_container_of_objects(self, expr: cst.BaseExpression) -> bool:
         name = dotted(expr)
@@ -118,7 +139,7 @@ class Env:
             return OPTIMIZER
         if "lr_scheduler" in qual or last.endswith(("LR", "Scheduler")) or re.match(r"get_\w*schedule", last):
             return SCHEDULER
-        if last == "GradScaler":
+        if last in _SCALER_CLASSES:
             return SCALER
         if last == "DataLoader":
             return LOADER
@@ -130,7 +151,10 @@ class Env:
             return LOSS
         if qual.startswith("torch.nn.") and last[:1].isupper() and not qual.startswith("torch.nn.functional"):
             return MODEL
-        if qual.startswith(("torchvision.models", "timm.", "transformers.")):
+        factory = _FACTORY.match(last)
+        if factory is not None and kind_by_name(factory.group(1)) in (MODEL, OPTIMIZER, SCHEDULER, SCALER, LOADER):
+            return kind_by_name(factory.group(1))  # create_optimizer_v2(...), build_model(cfg)
+        if qual.startswith(("torchvision.models", "timm.models.", "transformers.")) or qual == "timm.create_model":
             return MODEL
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == "from_pretrained":
             return MODEL
@@ -317,6 +341,20 @@ class Env:
                         changed = True
             if not changed:
                 break
+
+
+_EVAL_RECEIVERS: dict[int, tuple[cst.CSTNode, set[str]]] = memo()
+
+
+def _statements(body: cst.CSTNode):
+    """The simple statement lines of a function or module body, nested functions and classes left out."""
+    stack = list(children(body))
+    while stack:
+        node = stack.pop()
+        if type(node) is cst.SimpleStatementLine:
+            yield node
+        elif type(node) not in (cst.FunctionDef, cst.ClassDef) and not isinstance(node, cst.BaseSmallStatement):
+            stack.extend(children(node))
 
 
 def _returns(fn: cst.FunctionDef):

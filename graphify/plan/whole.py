@@ -25,7 +25,7 @@ from graphify.analysis.statements import (
 )
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
-from graphify.analysis.vocabulary import MODEL, OPTIMIZER
+from graphify.analysis.vocabulary import MODEL, OPTIMIZER, is_torch_tensor_call
 from graphify.plan import dataflow
 from graphify.plan.base import (
     EMPTY,
@@ -79,8 +79,8 @@ def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refu
         raise Refusal(LOOP_SHAPE, "loops with an `else:` clause are not rewritten", loop.node)
     body = body_of(loop)
     env = loop.region.body_block.env
-    step_calls, model_calls, zeroing_calls = _calls_into_step(loop)
-    env.gpu_calls = step_calls | model_calls | zeroing_calls
+    step_calls, model_calls, zeroing_calls, computing_calls = _calls_into_step(loop)
+    env.gpu_calls = step_calls | model_calls | zeroing_calls | computing_calls
 
     def holds(stmt, test, via):
         return any(isinstance(n, cst.Call) and (test(n, env) or id(n) in via) for n in walk(stmt))
@@ -135,10 +135,10 @@ def _refuse_closures(plan: Plan, body: list[cst.BaseStatement], refuse) -> None:
                 refuse(LOOP_SHAPE, n, "a function defined inside the loop reads its names at call time")
 
 
-def _calls_into_step(loop: Loop) -> tuple[set[int], set[int], set[int]]:
-    """Calls in the loop body that run a backward/optimizer step, a model, or zero gradients
-    (`reset_grad()`), inside a called function."""
-    steps, models, zeroing = set(), set(), set()
+def _calls_into_step(loop: Loop) -> tuple[set[int], set[int], set[int], set[int]]:
+    """Calls in the loop body that run a backward/optimizer step, a model, zero gradients
+    (`reset_grad()`), or other device math, inside a called function."""
+    steps, models, zeroing, computing = set(), set(), set(), set()
     region = loop.region
     for node, site in region.nodes:
         if site.block is region.body_block or not isinstance(node, cst.Call):
@@ -150,7 +150,20 @@ def _calls_into_step(loop: Loop) -> tuple[set[int], set[int], set[int]]:
             models |= calls
         elif is_zero_grad(node) and site.env.kind_of(node.func.value) in (OPTIMIZER, MODEL):
             zeroing |= calls
-    return steps, models, zeroing
+        elif _tensor_op(node, site.env):
+            # `acc1, acc5 = accuracy(output, target)`: device math on the step's tensors in a function of the file
+            # (not a batch fetch such as `get_batch()`, whose host tensors are the step's inputs)
+            body_env = region.body_block.env
+            computing |= {id(c) for c in region.body_calls_of(site) if any(body_env.is_tensor(a.value) for a in c.args)}
+    return steps, models, zeroing, computing
+
+
+def _tensor_op(node: cst.Call, env: Env) -> bool:
+    """A torch operation or a tensor method that computes on the device (host reads excluded)."""
+    if is_host_read_call(node, env):
+        return False
+    m = method_call(node)
+    return is_torch_tensor_call(env.qualify(node.func)) or (m is not None and env.is_tensor(m[0]))
 
 
 def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> None:

@@ -3,7 +3,7 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of, is_cpu_arg, is_device_arg, kwarg
-from graphify.analysis.calls import method_call
+from graphify.analysis.calls import iter_nodes, method_call
 from graphify.analysis.names import dotted
 from graphify.analysis.scope import collect_scope
 from graphify.analysis.vocabulary import DDP, LOSS, MODEL
@@ -157,6 +157,7 @@ def check(ck):
                 "make the indices a device tensor (`torch.randperm(n, device=device)`, or copy them into a static device buffer)",
             )
     step_values = collect_scope(ck.loop.node.body).values
+    yield from _batches_handed_to_device_helpers(ck, step_values)
     for call, site in ck.calls():
         env = site.env
         if not is_device_copy(call, env):
@@ -181,3 +182,44 @@ def check(ck):
                 f"`{code_of(call)}` copies per-step data to the device",
                 "copy each batch into a static device buffer with `static.copy_(batch, non_blocking=True)` before the replay",
             )
+
+
+def _per_step_batches(ck, step_values) -> set[str]:
+    """Names that hold the batch of this iteration: the loop's target, or what `next(iterator)` returns."""
+    names = set()
+    if isinstance(ck.loop.node, cst.For):
+        names.update(n.value for n in iter_nodes(ck.loop.node.target) if isinstance(n, cst.Name))
+    for name, values in step_values.items():
+        if any(isinstance(v, cst.Call) and isinstance(v.func, cst.Name) and v.func.value == "next" for v in values):
+            names.add(name)
+    return names
+
+
+def _batches_handed_to_device_helpers(ck, step_values):
+    """`batch = task.prepare_batch(batch, device)`, `batch_to_device(batch, self._device)`: a helper whose body
+    graphify does not see is handed the step's batch and a device; it copies the batch there. The rewrite
+    cannot turn that into a static-buffer copy, so the statement stays eager, before the step."""
+    batches = _per_step_batches(ck, step_values)
+    followed = {id(b.call) for b in ck.region.blocks if b.call is not None}
+    for call, site in ck.calls():
+        if site.block is not ck.region.body_block or id(call) in followed or not batches:
+            continue
+        env = site.env
+        args = [a.value for a in call.args if not a.star]
+        m = method_call(call)
+        if (
+            (m is not None and m[1] in ("to", "cuda", "type"))
+            or not any(isinstance(a, cst.Name) and a.value in batches for a in args)
+            or not any(is_device_arg(a, env) and not is_cpu_arg(a, env) for a in args)
+            or (env.qualify(call.func) or "").startswith("torch.")
+            or env.kind_of(call.func) in (MODEL, DDP, LOSS)
+        ):
+            continue
+        yield ck.finding(
+            STEP_INPUT_COPY,
+            call,
+            site,
+            f"`{code_of(call)}` is handed the step's batch and a device: it copies per-step data to the device",
+            "copy each batch to the device before the step, or into static device buffers",
+            False,
+        )

@@ -46,16 +46,21 @@ def _reads_counter(test, ck) -> bool:
 _CONFIG_ROOTS = {"args", "opt", "opts", "config", "cfg", "conf", "hparams", "params", "flags", "FLAGS", "hp", "settings"}
 
 
-def _run_constant(test, ck) -> bool:
+def _run_constant(test, ck, env, depth: int = 0) -> bool:
     """A test on configuration that the loop never changes: `if args.autotune:`, `if scaler is not
     None:`, `if args.accum_freq == 1:`. It takes the same branch on every step, so it is no
-    accumulation schedule; the runtime's first call sees which way it goes."""
+    accumulation schedule; the runtime's first call sees which way it goes. In a called function, a
+    parameter is as constant as the argument it is given."""
     changed = ck.counters | ck.assigned_in_loop
     inner = {id(n.value) for n in iter_nodes(test) if isinstance(n, cst.Attribute)}
     for n in iter_nodes(test):
         if isinstance(n, cst.Call):
             return False
-        if isinstance(n, cst.Name) and n.value in changed:
+        if isinstance(n, cst.Name) and n.value in env.bound and env is not ck.body_env and depth < 4:
+            caller, arg = env.bound[n.value]
+            if not _run_constant(arg, ck, caller, depth + 1):
+                return False
+        elif isinstance(n, cst.Name) and n.value in changed:
             return False
         if isinstance(n, cst.Attribute) and id(n) not in inner:
             parts = (dotted(n) or "").split(".")
@@ -64,6 +69,21 @@ def _run_constant(test, ck) -> bool:
             if len(parts) < 2 or parts[0] not in _CONFIG_ROOTS:
                 return False
     return True
+
+
+def _reads_loop_value(test, ck, env, depth: int = 0) -> bool:
+    """A test on a name the loop rebinds (`need_update`), in a called function through the argument of a parameter."""
+    changed = ck.counters | ck.assigned_in_loop
+    for n in iter_nodes(test):
+        if not isinstance(n, cst.Name):
+            continue
+        if n.value in env.bound and env is not ck.body_env:
+            caller, arg = env.bound[n.value]
+            if depth < 4 and _reads_loop_value(arg, ck, caller, depth + 1):
+                return True
+        elif n.value in changed:
+            return True
+    return False
 
 
 def _on_sync_boundary(test, env) -> bool:
@@ -84,6 +104,35 @@ def _accumulates(item: cst.WithItem, env) -> bool:
     return m is not None and m[1] == "accumulate" and env.kind_of(m[0]) == ACCELERATOR
 
 
+def _skips_step(node: cst.If, site, ck) -> bool:
+    """`if not need_update: continue` between the backward pass and `optimizer.step()`: accumulation
+    written as a skip of the rest of the iteration, on a value that changes every step. (A skip before
+    any forward pass, as when resuming, leaves out whole iterations and splits no step.)"""
+    if (
+        site.block is not ck.region.body_block
+        or ck.position(node) < ck.first_forward_in_body
+        or any(isinstance(a, (cst.For, cst.While)) and a is not ck.loop.node for a in site.ancestors)
+    ):
+        return False
+    leaves = any(isinstance(n, cst.Continue) for n in _outside_loops(node.body))
+    return leaves and _reads_counter(node.test, ck) and ck.steps_optimizer_after(node)
+
+
+def _outside_loops(root):
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        yield n
+        if not isinstance(n, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            stack.extend(n.children)
+
+
+def _else_does_gpu_work(node: cst.If, env) -> bool:
+    """`if step < warmup: random action else: policy(obs)`: the else branch holds the GPU work."""
+    orelse = node.orelse
+    return isinstance(orelse, cst.Else) and does_gpu_work(orelse.body, env)
+
+
 def check(ck):
     for node, site in ck.nodes():
         if isinstance(node, cst.WithItem) and _accumulates(node, site.env):
@@ -98,7 +147,7 @@ def check(ck):
             continue
         if not isinstance(node, cst.If) or site.env._tensor(node.test, 0) is True:
             continue
-        if _steps_optimizer(node.body, site.env) and not _run_constant(node.test, ck):
+        if _steps_optimizer(node.body, site.env) and not _run_constant(node.test, ck, site.env):
             yield ck.finding(
                 ACCUMULATION,
                 node,
@@ -107,9 +156,29 @@ def check(ck):
                 "capture one graph per accumulation cycle (graphify rewrite does this for `step % k` conditions)",
                 _is_counter_modulo(node.test),
             )
+        elif _reads_loop_value(node.test, ck, site.env) and (
+            ck.steps_optimizer(node.body) or (node.orelse is not None and ck.steps_optimizer(node.orelse))
+        ):
+            yield ck.finding(
+                ACCUMULATION,
+                node,
+                site,
+                f"host condition `{code_of(node.test)}` decides how a function it calls steps the optimizer",
+                "capture one graph per outcome of the condition, or make it constant for the loop",
+                False,
+            )
+        elif _skips_step(node, site, ck):
+            yield ck.finding(
+                ACCUMULATION,
+                node,
+                site,
+                f"`continue` under host condition `{code_of(node.test)}` skips the optimizer step (gradient accumulation)",
+                "capture one graph per accumulation cycle, or accumulate with `step % k` around the optimizer step",
+                False,
+            )
         elif (
             is_periodic_gpu_branch(node, site.env)
-            or (_reads_counter(node.test, ck) and does_gpu_work(node.body, site.env))
+            or (_reads_counter(node.test, ck) and (does_gpu_work(node.body, site.env) or _else_does_gpu_work(node, site.env)))
             or (_on_sync_boundary(node.test, site.env) and _does_work(node.body, site.env))
         ):
             yield ck.finding(

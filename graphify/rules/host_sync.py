@@ -192,13 +192,16 @@ def _check_call(ck, call, site, env):
         )
     elif is_logging_call(call, env) or (isinstance(call.func, cst.Name) and call.func.value in ("str", "repr")):
         tensors = [a.value for a in call.args if env.is_tensor(a.value)]
-        tensors += [fs.expression for a in call.args for fs in _fstring_parts(a.value) if env.is_tensor(fs.expression)]
+        tensors += [fs.expression for a in call.args for fs in _fstring_parts(a.value) if ck.is_tensor_here(fs.expression, site)]
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == "format" and env.is_tensor(call.func.value):
             tensors.append(call.func.value)
         if tensors:
+            # reported where the tensor is read: the f-string line of a call that spans lines
+            module = site.block.module
+            at = tensors[0] if module.position(tensors[0]).start.line != module.position(call).start.line else call
             yield ck.finding(
                 FORMAT,
-                call,
+                at,
                 site,
                 f"tensor `{code_of(tensors[0])}` printed or logged from the step",
                 f"log `{code_of(tensors[0])}.item()` after the step instead",
@@ -211,4 +214,6 @@ def _check_call(ck, call, site, env):
 def _fstring_parts(expr):
     if isinstance(expr, cst.FormattedString):
         return [p for p in expr.parts if isinstance(p, cst.FormattedStringExpression)]
+    if isinstance(expr, cst.ConcatenatedString):  # f"..." f"..." over several lines
+        return _fstring_parts(expr.left) + _fstring_parts(expr.right)
     return []

@@ -37,6 +37,9 @@ LR_ASSIGNMENT = rule(
 
 RULES = (NOT_CAPTURABLE, NEVER_CAPTURABLE_RULE, SCHEDULER_STEP, LR_ASSIGNMENT)
 
+# torch's `scheduler.step()`, and timm's per-update `scheduler.step_update(num_updates)`
+_SCHEDULER_STEPS = ("step", "step_update")
+
 
 def check(ck):
     seen = set()
@@ -69,7 +72,7 @@ def check(ck):
     for node, site in ck.nodes():
         env = site.env
         m = method_call(node)
-        if m is not None and m[1] == "step" and env.kind_of(m[0]) == SCHEDULER:
+        if m is not None and m[1] in _SCHEDULER_STEPS and env.kind_of(m[0]) == SCHEDULER:
             tensor_lr = ck.optimizers_take_tensor_lr() if tensor_lr is None else tensor_lr
             cycles = _cycles_momentum(ck, m[0], env)
             if cycles:
@@ -88,7 +91,7 @@ def check(ck):
                 site,
                 f"`{code_of(node)}` changes the learning rate every step",
                 _lr_fix(tensor_lr),
-                tensor_lr and _outside_called_step(ck, site),
+                tensor_lr and _outside_called_step(ck, site) and m[1] == "step",  # the rewrite knows torch's schedulers only
             )
         elif isinstance(node, cst.Assign) and any(_is_lr_subscript(t.target) for t in node.targets):
             tensor_lr = ck.optimizers_take_tensor_lr() if tensor_lr is None else tensor_lr
