@@ -443,6 +443,30 @@ CASES = {
             loss.backward(); opt.step(); opt.zero_grad()
         """,
     ),
+    "GFY703-helper-changes-outer-list": (
+        "GFY703",
+        """
+        history = []
+        def track(out, y):
+            history.append((out.argmax(1) == y).float().mean())  # here
+            return out
+        for x, y in loader:
+            out = track(model(x), y)
+            loss = criterion(out, y)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        def track(out, y):
+            found = []
+            found.append((out.argmax(1) == y).float().mean())
+            return found
+        for x, y in loader:
+            out = model(x)
+            acc = track(out, y)
+            loss = criterion(out, y)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
     "GFY411-timm-step-update": (
         "GFY411",
         """

@@ -16,7 +16,7 @@ import libcst as cst
 from graphify.analysis.checker import is_logging_call
 from graphify.analysis.region import Site
 from graphify.analysis.names import dotted
-from graphify.analysis.statements import is_host_read_call, names_read, walk
+from graphify.analysis.statements import is_host_read_call, names_read, names_written, walk
 from graphify.rules.rewrite_safety import HOST_SIDE_EFFECT, MUTATED_STATE, ORDER
 
 # Calls whose effect lives on the host: capture runs them once, replays never.
@@ -131,6 +131,12 @@ def check_captured_code(plan, body, refuse) -> None:
             method = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
             if method in _MODE_METHODS and not _is_torch_namespace(node.func, env):
                 refuse(MUTATED_STATE, node, f"the step calls `.{method}()`, which changes module state that replays would not")
+            if method in _COLLECTING | _REMOVING and site.block.call is not None and _outer_receiver(node.func.value, site):
+                refuse(
+                    MUTATED_STATE,
+                    node,
+                    f"a function the step calls changes `{dotted(node.func.value)}` (`.{method}()`), which replays would not",
+                )
         elif isinstance(node, (cst.Global, cst.Nonlocal)):
             refuse(MUTATED_STATE, node, "the step rebinds a variable outside its own scope (`global`/`nonlocal`)")
         elif isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
@@ -215,6 +221,19 @@ def _in_loop_scope(chain: str | None, site, region) -> str | None:
         chain = f"{arg}.{rest}" if arg and rest else arg
         block = block.parent
     return chain
+
+
+_REMOVING = {"pop", "remove", "clear", "insert", "popleft", "appendleft"}
+
+
+def _outer_receiver(receiver: cst.BaseExpression, site: Site) -> bool:
+    """A container a called function changes that it did not make itself: an argument, a global or an
+    attribute. Capture runs the function once; its own lists (the one `accuracy()` fills and returns)
+    live only in that run, but a change to anything else would not be repeated by replays."""
+    root = (dotted(receiver) or "").split(".")[0]
+    if not root or site.env.is_tensor(receiver):
+        return False
+    return isinstance(receiver, cst.Attribute) or root not in set().union(*(names_written(s) for s in site.block.stmts))
 
 
 def check_moved_statement(plan, body, index: int, refuse) -> None:
