@@ -13,7 +13,6 @@ change that would span two cells, or touch IPython syntax, is refused (`CellSpan
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from dataclasses import dataclass
@@ -68,6 +67,8 @@ class Notebook:
         return _dump_like(data, self.text), changed
 
     def _split(self, new_lines: list[str]) -> list[list[str]]:
+        import difflib  # only a rewrite maps lines back to cells: a check need not import it
+
         old = [line for cell in self.python for line in cell]
         owner = [i for i, cell in enumerate(self.python) for _ in cell]
         raw = [line for cell in self.raw for line in cell]

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange
 
 from graphify.analysis.names import Aliases
+from graphify.analysis.positions import Positions
 from graphify.analysis.tree import children
 from graphify.analysis.scope import Scope, collect_scope
 from graphify.analysis.values import Env
@@ -104,16 +105,9 @@ class ModuleInfo:
         return found
 
     @cached_property
-    def positions(self):
-        # Only modules that hold a reported loop or a called function pay for positions. The provider's
-        # own pass is a code generation that records every node's range; the wrapper's extra visit,
-        # which only copies that table, costs as much again, so it is skipped where possible.
-        provider = PositionProvider()
-        try:
-            provider._gen_impl(self.tree)
-            return provider._computed
-        except AttributeError:  # a libcst without these internals
-            return MetadataWrapper(self.tree, unsafe_skip_copy=True).resolve(PositionProvider)
+    def positions(self) -> Positions:
+        # Only modules that hold a reported loop or a called function pay for positions.
+        return Positions(self.tree)
 
     def position(self, node: cst.CSTNode) -> CodeRange:
         return self.positions[node]

@@ -13,6 +13,7 @@ from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import MODEL, OPTIMIZER, SCALER, is_torch_tensor_call
 
 _NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_NESTED_TYPES = frozenset(_NESTED)  # `type(n) in`: libcst's node classes have no subclasses, and isinstance on them is slow
 HOST_READS = {"item", "tolist", "numpy", "cpu"}
 
 
@@ -21,8 +22,11 @@ def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     while stack:
         n = stack.pop()
         yield n
-        if not isinstance(n, _NESTED) or n is node:
+        if type(n) not in _NESTED_TYPES or n is node:
             stack.extend(reversed(children(n)))
+
+
+_TARGET_HOLDERS = frozenset((cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr))
 
 
 def names_written(node: cst.CSTNode) -> set[str]:
@@ -38,17 +42,14 @@ def names_written(node: cst.CSTNode) -> set[str]:
             targets(t.value)
 
     for n in walk(node):
-        if isinstance(n, cst.Assign):
+        kind = type(n)
+        if kind is cst.Assign:
             for t in n.targets:
                 targets(t.target)
-        elif isinstance(n, (cst.AugAssign, cst.AnnAssign)):
+        elif kind in _TARGET_HOLDERS:
             targets(n.target)
-        elif isinstance(n, cst.For):
-            targets(n.target)
-        elif isinstance(n, cst.AsName):
+        elif kind is cst.AsName:
             targets(n.name)
-        elif isinstance(n, cst.NamedExpr):
-            targets(n.target)
     return out
 
 

@@ -33,6 +33,11 @@ from graphify.analysis.vocabulary import (
     kind_by_name,
 )
 
+# literals and dicts; a set of exact types, as isinstance on libcst's classes (none has a subclass) is slow
+_HOST_LITERALS = frozenset(
+    (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Dict, cst.DictComp)
+)
+
 
 # loss scalers that own a GradScaler: torch's own, timm's and the MAE/DeiT helpers built on it
 _SCALER_CLASSES = {"GradScaler", "ShardedGradScaler", "NativeScaler", "NativeScalerWithGradNormCount"}
@@ -177,10 +182,7 @@ class Env:
         """True: holds a tensor; False: a host value; None: unknown."""
         if depth > 12:
             return None
-        if isinstance(
-            expr,
-            (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Dict, cst.DictComp),
-        ):
+        if type(expr) in _HOST_LITERALS:
             return False
         if isinstance(expr, cst.Name):
             if expr.value in self.tensors:

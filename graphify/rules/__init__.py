@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib import resources
 from typing import Iterable
 
 from graphify.model import Rule
@@ -39,6 +38,8 @@ def rules_by_code() -> dict[str, Rule]:
 
 
 def rule_doc(code: str) -> str:
+    from importlib import resources  # with tempfile and shutil: only `graphify rule` reads the docs
+
     return resources.files("graphify.rules").joinpath("docs", f"{code}.md").read_text(encoding="utf-8")
 
 
