@@ -8,7 +8,7 @@ import libcst as cst
 def dotted(expr: cst.BaseExpression) -> str | None:
     """`a.b.c` for a Name/Attribute chain, else None."""
     parts: list[str] = []
-    while type(expr) is cst.Attribute:  # not isinstance: slow on libcst's classes, which have no subclasses
+    while type(expr) is cst.Attribute:  # exact types: analysis/tree.py says why
         parts.append(expr.attr.value)
         expr = expr.value
     if type(expr) is cst.Name:

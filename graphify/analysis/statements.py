@@ -13,7 +13,9 @@ from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import MODEL, OPTIMIZER, SCALER, is_torch_tensor_call
 
 _NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-_NESTED_TYPES = frozenset(_NESTED)  # `type(n) in`: libcst's node classes have no subclasses, and isinstance on them is slow
+# exact types, for the hottest loops (analysis/tree.py says why)
+_NESTED_TYPES = frozenset(_NESTED)
+_TARGET_HOLDERS = frozenset((cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr))
 HOST_READS = {"item", "tolist", "numpy", "cpu"}
 
 
@@ -24,9 +26,6 @@ def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         yield n
         if type(n) not in _NESTED_TYPES or n is node:
             stack.extend(reversed(children(n)))
-
-
-_TARGET_HOLDERS = frozenset((cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr))
 
 
 def names_written(node: cst.CSTNode) -> set[str]:

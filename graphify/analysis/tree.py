@@ -1,7 +1,11 @@
 """Fast child access. libcst computes `node.children` with a visitor on every call; the analysis walks
 the same trees many times and never looks at whitespace, punctuation or operator tokens, so children
 come straight from each node's fields (in source order), without those tokens, memoised while a
-module is analysed."""
+module is analysed.
+
+The hottest loops of the analysis test exact types (`type(n) is cst.Call`) rather than isinstance,
+which goes through ABCMeta on libcst's classes and is ten times slower: none of libcst's node classes
+has a subclass (tests/test_libcst_assumptions.py), so the answers are the same."""
 
 from __future__ import annotations
 

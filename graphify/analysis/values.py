@@ -33,7 +33,7 @@ from graphify.analysis.vocabulary import (
     kind_by_name,
 )
 
-# literals and dicts; a set of exact types, as isinstance on libcst's classes (none has a subclass) is slow
+# literals and dicts, as exact types (analysis/tree.py says why)
 _HOST_LITERALS = frozenset(
     (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Dict, cst.DictComp)
 )
