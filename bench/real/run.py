@@ -211,22 +211,30 @@ def run_one(entry: dict, run: dict, repeat: int = 3) -> dict:
 
 def _whole_runs(script: Path, graphified: Path, run: dict, repeat: int) -> dict:
     """Each version `repeat` times, alternating (eager first), so that drift of the machine hits both
-    alike; the median, and every time, to tell a difference from run-to-run spread."""
+    alike; the median, and every time, to tell a difference from run-to-run spread. A failed run ends
+    the timing: it is what that version reports; the other reports the runs it finished, if any."""
     times: dict[str, list] = {"eager": [], "graphify": []}
+    failed: dict[str, dict] = {}
     for _ in range(repeat):
         for name, path in (("eager", script), ("graphify", graphified)):
             done = _whole_run(path, run)
             if not done["ok"]:
-                return {name: done, **{other: {"ok": True} for other in times if other != name}}
+                failed[name] = done
+                break
             times[name].append(done)
+        if failed:
+            break
+    return {name: failed.get(name) or _timed(runs) for name, runs in times.items()}
+
+
+def _timed(runs: list[dict]) -> dict:
+    if not runs:
+        return {"ok": False, "why": "not run: the other version failed first"}
     return {
-        name: {
-            "ok": True,
-            "seconds": statistics.median(d["seconds"] for d in runs),
-            "runs": [d["seconds"] for d in runs],
-            "fell_back": any(d["fell_back"] for d in runs),
-        }
-        for name, runs in times.items()
+        "ok": True,
+        "seconds": statistics.median(d["seconds"] for d in runs),
+        "runs": [d["seconds"] for d in runs],
+        "fell_back": any(d["fell_back"] for d in runs),
     }
 
 
