@@ -4,8 +4,9 @@ replays only the model's forward and backward, and trains like the original.
 The script has what makes partial capture hard: batch norm (its running statistics must not see
 make_graphed_callables' warmup passes), dropout (the CUDA RNG must be where eager would leave it)
 and a last partial batch of each epoch (it must run eagerly, not crash a replay). Its variants keep
-gradients across replays (accumulation over micro-batches, zeroing in place) and pass the model a
-keyword value.
+gradients across replays (accumulation over micro-batches, zeroing in place), pass the model a
+keyword value, and call the model again before the last call's backward (twice in a step, or a loss
+kept for the next iteration).
 """
 
 from __future__ import annotations
@@ -79,8 +80,37 @@ KEYWORD = SCRIPT.replace(
     "nn.Linear(64, 4)).to(device)\nmodel.forward = lambda x, temperature=1.0, f=model.forward: f(x) / temperature",
 ).replace("model(x), y)", "model(x, temperature=2.0), y)")
 
+# a replay whose backward is still to come when the model is called again: the later call must run
+# eagerly, or its replay would overwrite the activations the first one's backward reads
+CALLED_TWICE = SCRIPT.replace(
+    "loss = criterion(model(x), y)", "loss = criterion(model(x), y) + 0.5 * criterion(model(x.flip(0)), y.flip(0))"
+)
+LOSSES_SUMMED = SCRIPT.replace(
+    """    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()""",
+    """    for i, (x, y) in enumerate(loader):
+        x, y = x.to(device), y.to(device)
+        loss = criterion(model(x), y)
+        if i % 2 == 0:
+            first = loss
+            continue
+        optimizer.zero_grad()
+        (first + loss).backward()
+        optimizer.step()
+        scheduler.step()""",
+)
 
-@pytest.mark.parametrize("script", [ACCUMULATING, ZEROED_IN_PLACE, KEYWORD], ids=["accumulation", "zeroed-in-place", "keyword"])
+
+@pytest.mark.parametrize(
+    "script",
+    [ACCUMULATING, ZEROED_IN_PLACE, KEYWORD, CALLED_TWICE, LOSSES_SUMMED],
+    ids=["accumulation", "zeroed-in-place", "keyword", "called-twice", "losses-summed"],
+)
 def test_gradients_kept_across_replays_train_like_the_original(tmp_path, script):
     assert script != SCRIPT
     path = tmp_path / "train.py"

@@ -1,7 +1,8 @@
 """Partial capture (the model's forward and backward replayed from graphs, the rest of the step eager):
 what the planner lets through. A replayed backward hands autograd the graph's own gradient buffers; the
 runtime copies gradients still present out of them before each replay, so accumulation is allowed
-(tests/test_partial_capture_gpu.py proves it on a GPU)."""
+(tests/test_partial_capture_gpu.py proves it on a GPU). A call made while the last replay still waits for
+its backward runs eagerly, so the model may also be called under a condition or twice in a step."""
 
 import pytest
 
@@ -13,6 +14,8 @@ device = "cuda"
 model = nn.Linear(32, 4).to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=1000)
+target_model = nn.Linear(32, 4).to(device)
+encoder = nn.Linear(32, 32).to(device)
 criterion = nn.CrossEntropyLoss()
 for epoch in range(4):
     for i, (x, y) in enumerate(loader):
@@ -53,14 +56,36 @@ KEYWORD_VALUE = """\
         scheduler.step()"""
 
 
-@pytest.mark.parametrize("body", [EVERY_STEP, ACCUMULATING, KEYWORD_VALUE], ids=["every-step", "accumulation", "keyword"])
+TWICE_AND_TARGET = """\
+        optimizer.zero_grad()
+        with torch.no_grad():
+            target = target_model(x).argmax(1)
+        loss = criterion(model(x), y) + criterion(model(x.flip(0)), target)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()"""
+
+TWO_MODELS = """\
+        optimizer.zero_grad()
+        loss = criterion(model(encoder(x)), y)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()"""
+
+
+@pytest.mark.parametrize(
+    "body",
+    [EVERY_STEP, ACCUMULATING, KEYWORD_VALUE, SKIPPING, TWICE_AND_TARGET],
+    ids=["every-step", "accumulation", "keyword", "continue", "twice"],
+)
 def test_partial_capture_allows(settings, body):
     result = rewrite_source(TEMPLATE.format(body=body), "train.py", settings)
     assert result.outcomes[0].verdict.value == "partially-capturable"
     assert "graphed_model(x" in result.code
+    assert "target_model(x)" in result.code or "target_model" not in body  # under no_grad: stays eager
 
 
-def test_a_body_with_continue_refuses_it(settings):
-    result = rewrite_source(TEMPLATE.format(body=SKIPPING), "train.py", settings)
+def test_two_trained_models_refuse_it(settings):
+    result = rewrite_source(TEMPLATE.format(body=TWO_MODELS), "train.py", settings)
     assert not result.changed
     assert result.outcomes[0].verdict.value == "not-capturable"

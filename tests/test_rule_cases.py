@@ -24,6 +24,41 @@ accelerator = Accelerator()
 """
 
 CASES = {
+    "GFY401-any-branch-of-a-choice": (
+        "GFY401",
+        """
+        def build(kind, params):
+            if kind == "adamw":
+                optimizer = torch.optim.AdamW(params)  # here
+            elif kind == "sgd":
+                optimizer = torch.optim.SGD(params, lr=0.1)
+            return optimizer
+        optimizer = build("adamw", model.parameters())
+        scaled = torch.optim.Adam(model.parameters()) if len(os.environ) else None  # here
+        optimizer_cls = torch.optim.Adam
+        head_optimizer = optimizer_cls(model.parameters())  # here
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step(); scaled.step(); head_optimizer.step()
+        """,
+        """
+        def build(kind, params):
+            if kind == "adamw":
+                optimizer = torch.optim.AdamW(params, capturable=True)
+            elif kind == "sgd":
+                optimizer = torch.optim.SGD(params, lr=0.1)
+            return optimizer
+        optimizer = build("adamw", model.parameters())
+        scaled = torch.optim.Adam(model.parameters(), capturable=True) if len(os.environ) else None
+        optimizer_cls = torch.optim.SGD
+        head_optimizer = optimizer_cls(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step(); scaled.step(); head_optimizer.step()
+        """,
+    ),
     "GFY611-accelerate-gather": (
         "GFY611",
         """

@@ -8,6 +8,7 @@ from typing import Iterator
 
 import libcst as cst
 
+from graphify.analysis.constructions import optimizer_constructions
 from graphify.analysis.calls import is_model_call, is_optimizer_step, is_step_op, iter_nodes, method_call
 from graphify.analysis.region import Loop, Site
 from graphify.analysis.reach import first_forward_position, optimizer_step_chains
@@ -326,6 +327,9 @@ class Checker:
                 else:
                     found.append((receiver, site))
         return found
+
+    def optimizer_classes(self, expr: cst.BaseExpression, env: Env) -> Iterator[tuple[str, cst.Call, ModuleInfo]]:
+        return optimizer_constructions(expr, env)
 
     def optimizer_class(self, expr: cst.BaseExpression, env: Env) -> tuple[str, cst.Call, ModuleInfo] | None:
         built = self.construction(expr, env)

@@ -138,8 +138,9 @@ class ModuleAnalysis:
 
     @staticmethod
     def _already_captured(loop, env: Env) -> bool:
-        """A loop that `graphify rewrite` already turned into replays of a `CapturedStep` (or a `GraphedModule`)."""
-        for n in _iter_nodes(loop.body):
+        """A loop that `graphify rewrite` already turned into replays of a `CapturedStep` (or a `GraphedModule`,
+        called in the body or in a closure defined there)."""
+        for n in _iter_nodes_all(loop.body):
             if isinstance(n, cst.Call) and isinstance(n.func, cst.Name):
                 for value in env.values_of(n.func.value):
                     if isinstance(value, cst.Call) and is_runtime_helper(value.func, env.module):

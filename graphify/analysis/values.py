@@ -29,6 +29,7 @@ from graphify.analysis.vocabulary import (
     SCALER,
     SCHEDULER,
     LOSS_NAME,
+    is_noise_scheduler_class,
     is_torch_tensor_call,
     kind_by_name,
 )
@@ -80,6 +81,8 @@ class Env:
             return None
         if isinstance(expr, cst.Call):
             return self._kind_of_call(expr, depth)
+        if isinstance(expr, cst.IfExp):  # `Adam(...) if fine_tune else None`
+            return self.kind_of(expr.body, depth + 1) or self.kind_of(expr.orelse, depth + 1)
         if isinstance(expr, cst.Subscript):  # optimizers[0], self.models["g"]
             return self.kind_of(expr.value, depth + 1) if self._is_container_of_objects(expr.value) else None
         name = dotted(expr)
@@ -98,6 +101,8 @@ class Env:
             kind = call_kinds[id(value)] if id(value) in call_kinds else self.kind_of(value, depth + 1)
             if kind is not None:
                 return kind
+        if any(isinstance(v, cst.Call) and is_noise_scheduler_class(self.qualify(v.func) or "") for v in values):
+            return None  # whatever its name says
         return kind_by_name(name) or (MODEL if name in self._put_in_eval_mode() else None)
 
     def _put_in_eval_mode(self) -> set[str]:
@@ -121,6 +126,8 @@ class Env:
 
     def _kind_of_call(self, call: cst.Call, depth: int) -> str | None:
         qual = self.qualify(call.func) or ""
+        if is_noise_scheduler_class(qual):
+            return None
         last = qual.rsplit(".", 1)[-1]
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in {
             "to",

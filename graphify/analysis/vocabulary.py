@@ -35,7 +35,8 @@ _OPTIMIZER_NAME = re.compile(
     r"|^(self|[a-z_]*(model|policy|trainer|agent|learner|module))(\.[a-z_]+)*\.(optimizer|optimiser)$",  # self.policy.optimizer
     re.I,
 )
-_SCHEDULER_NAME = re.compile(r"^(self\.)?([a-z_]*sched[a-z_]*|lr_scheduler)$", re.I)
+# a diffusion model's noise scheduler (`noise_scheduler.add_noise(...)`) computes tensors; it is no LR scheduler
+_SCHEDULER_NAME = re.compile(r"^(self\.)?(?!noise)([a-z_]*sched[a-z_]*|lr_scheduler)$", re.I)
 _SCALER_NAME = re.compile(r"^(self\.)?([a-z_]*scaler)$", re.I)
 _LOADER_NAME = re.compile(r"^(self\.)?([a-z_]*(loader|_dl|dl_[a-z_]*)|dl|dataloader)$", re.I)
 LOSS_NAME = re.compile(r"^(self\.)?(criterion|loss_fn|loss_func|loss_function|lossfn|[a-z_]*_criterion|[a-z_]*_loss_fn)$", re.I)
@@ -100,6 +101,11 @@ _TORCH_NON_TENSOR = re.compile(
 
 def is_torch_tensor_call(qual: str | None) -> bool:
     return bool(qual) and qual.startswith("torch.") and not _TORCH_NON_TENSOR.match(qual)
+
+
+def is_noise_scheduler_class(qual: str) -> bool:
+    """diffusers' `DDPMScheduler(...)`, `DDIMScheduler.from_pretrained(...)`: diffusion noise schedules."""
+    return qual.startswith("diffusers.") and any(part.endswith("Scheduler") for part in qual.split("."))
 
 
 def kind_by_name(name: str) -> str | None:

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from graphify.analysis.calls import is_backward, is_delegated_step, is_model_call
+from graphify.analysis.calls import is_backward, is_delegated_step, is_model_call, is_no_grad_item
 from graphify.analysis.region import Loop
-from graphify.analysis.tree import children
 from graphify.analysis.statements import (
     walk,
 )
@@ -29,7 +28,7 @@ _NEVER_CATEGORIES = {"distributed"}
 @dataclass
 class PartialPlan:
     loop: Loop
-    model_call: cst.Call  # `model(x)`: it becomes a call of the graphed module
+    model_calls: list[cst.Call]  # `model(x)` with grad: each becomes a call of the graphed module
     model: str
     reasons: list[str]  # why the whole step cannot be captured
 
@@ -43,55 +42,37 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
     body = body_of(loop)
     env = loop.region.body_block.env
     calls = [n for s in body for n in walk(s) if isinstance(n, cst.Call)]
-    model_calls = [c for c in calls if is_model_call(c, env)]
-    if len(model_calls) != 1 or not isinstance(model_calls[0].func, cst.Name):
-        raise Refusal(LOOP_SHAPE, "partial capture needs exactly one call of the model, by name, in the loop body")
-    call = model_calls[0]
-    positional = [a for a in call.args if a.keyword is None]
-    if not positional or any(a.star for a in call.args) or positional != list(call.args[: len(positional)]):
-        raise Refusal(LOOP_SHAPE, "partial capture needs the model called with positional tensors (and keyword values)")
-    if any(is_host_expression(a.value, env) for a in positional):
-        raise Refusal(LOOP_SHAPE, "partial capture needs the model called with tensors (a host value is a positional argument)")
-    if not _unconditional(body, [call]):
-        raise Refusal(LOOP_SHAPE, "partial capture needs the model called once in every step")
+    without_grad = {
+        id(n)
+        for s in body
+        for w in walk(s)
+        if isinstance(w, cst.With) and any(is_no_grad_item(i.item, env) for i in w.items)
+        for n in walk(w)
+    }
+    model_calls = [c for c in calls if is_model_call(c, env) and id(c) not in without_grad]  # target networks under no_grad stay eager
+    names = {c.func.value if isinstance(c.func, cst.Name) else None for c in model_calls}
+    if len(names) != 1 or None in names:
+        raise Refusal(LOOP_SHAPE, "partial capture needs one model, called by name, outside no_grad in the loop body")
+    for call in model_calls:
+        positional = [a for a in call.args if a.keyword is None]
+        if not positional or any(a.star for a in call.args) or positional != list(call.args[: len(positional)]):
+            raise Refusal(LOOP_SHAPE, "partial capture needs the model called with positional tensors (and keyword values)")
+        if any(is_host_expression(a.value, env) for a in positional):
+            raise Refusal(LOOP_SHAPE, "partial capture needs the model called with tensors (a host value is a positional argument)")
     if not any(is_backward(c, env) or is_delegated_step(c, env) for c in calls):  # `loss_scaler(loss, optimizer)` runs it
         raise Refusal(LOOP_SHAPE, "partial capture needs the backward pass in the loop body")
-    forward = _forward_nodes(loop, call)
+    # A call made while the last replay's backward is still to come runs eagerly (GraphedModule), so the
+    # model may be called under a condition, or more than once per step.
+    forward = {n for call in model_calls for n in _forward_nodes(loop, call)}
     for rule, node in breakers:
         if rule.code in _NEVER or rule.category in _NEVER_CATEGORIES:
             raise Refusal(rule, f"partial capture cannot leave {rule.code} ({rule.name}) eager", node)
         if node is not None and id(node) in forward:
             raise Refusal(rule, "the model's forward itself would be captured with it", node)
-    return PartialPlan(loop, call, call.func.value, list(reasons))
+    return PartialPlan(loop, model_calls, model_calls[0].func.value, list(reasons))
 
 
 def _forward_nodes(loop: Loop, call: cst.Call) -> set[int]:
     """ids of the nodes the model call runs (its forward, when the model's class is analysed)."""
     region = loop.region
     return {id(n) for n, site in region.nodes if site.block is not region.body_block and any(c is call for c in region.body_calls_of(site))}
-
-
-def _unconditional(body: list[cst.BaseStatement], calls: list[cst.Call]) -> bool:
-    """Whether one of the calls runs in every iteration: a statement of the loop body (or of a `with`
-    in it), in a body without `continue`."""
-    if any(isinstance(n, cst.Continue) for s in body for n in _walk_same_loop(s)):
-        return False
-    ids = {id(c) for c in calls}
-    stack = list(body)
-    while stack:
-        stmt = stack.pop()
-        if isinstance(stmt, cst.With):
-            stack.extend(stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else [])
-        elif isinstance(stmt, cst.SimpleStatementLine) and any(id(n) in ids for n in walk(stmt)):
-            return True
-    return False
-
-
-def _walk_same_loop(root: cst.CSTNode):
-    """The nodes of a statement, nested loops and functions left out (their `continue` is theirs)."""
-    stack = [root]
-    while stack:
-        n = stack.pop()
-        yield n
-        if n is root or not isinstance(n, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            stack.extend(children(n))

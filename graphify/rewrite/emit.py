@@ -66,7 +66,8 @@ class Rewriter(cst.CSTTransformer):
 
     def _graph_module(self, e: Emission, class_name: str) -> None:
         plan = e.plan
-        self.renames[id(plan.model_call)] = e.step_name
+        for call in plan.model_calls:
+            self.renames[id(call)] = e.step_name
         made = cst.parse_statement(f"{e.step_name} = {class_name}({plan.model})").with_changes(
             leading_lines=[
                 cst.EmptyLine(indent=False),

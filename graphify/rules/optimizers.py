@@ -43,14 +43,10 @@ _SCHEDULER_STEPS = ("step", "step_update")
 
 def check(ck):
     seen = set()
-    for expr, site in ck.stepped_optimizers:
-        found = ck.optimizer_class(expr, site.env)
-        if found is None:
+    for name, call, module in (found for expr, site in ck.stepped_optimizers for found in ck.optimizer_classes(expr, site.env)):
+        if (name, id(call)) in seen:
             continue
-        name, call, module = found
-        if id(call) in seen:
-            continue
-        seen.add(id(call))
+        seen.add((name, id(call)))
         fused = is_true(kwarg(call, "fused"))
         capturable = kwarg(call, "capturable")  # any expression but a literal False: the user decides
         if name in ADAM_FAMILY and (capturable is None or _is_false(capturable)):

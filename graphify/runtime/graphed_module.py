@@ -32,13 +32,16 @@ class GraphedModule:
     gradient takes that buffer as its `.grad`: the next replay would overwrite it. So gradients still
     present when a replay starts (accumulation over micro-batches, `zero_grad(set_to_none=False)`)
     are first copied out of the buffers, in one fused copy, and accumulate as they would eagerly.
+
+    A call made while the last replay still waits for its backward runs eagerly: the model may be called
+    more than once per step, or under a condition, and stay exact.
     """
 
     def __init__(self, module, warmup: int = WARMUP):
         self.module = module
         self.warmup = warmup
         if module not in _graphed:
-            _graphed[module] = {"eager_runs": 0, "graphed": None, "signature": None, "disabled": None}
+            _graphed[module] = {"eager_runs": 0, "graphed": None, "signature": None, "disabled": None, "awaiting_backward": False}
         self.state = _graphed[module]
 
     def __call__(self, *inputs, **constants):
@@ -58,10 +61,23 @@ class GraphedModule:
             if not self._capture(inputs, constants):
                 return self.module(*inputs, **constants)
             state["signature"] = signature
-        if signature != state["signature"]:
+        if signature != state["signature"] or state["awaiting_backward"]:
             return self.module(*inputs, **constants)
         self._unshare_gradients()
-        return tree_map(torch.Tensor.clone, state["graphed"](*inputs))
+        outputs = tree_map(torch.Tensor.clone, state["graphed"](*inputs))
+        self._await_backward(outputs)
+        return outputs
+
+    def _await_backward(self, outputs) -> None:
+        """Until the backward of this replay runs, another replay would overwrite the activations it
+        needs (a loss summed over two calls, a second call of the model in the step): such calls run
+        eagerly. A replay whose outputs never reach a backward leaves the later calls eager."""
+        needing_grad = []
+        tree_map(lambda t: (needing_grad.append(t) if t.requires_grad else None) or t, outputs)
+        if needing_grad:
+            state = self.state
+            state["awaiting_backward"] = True
+            torch.autograd.graph.register_multi_grad_hook(needing_grad, lambda _: state.update(awaiting_backward=False), mode="any")
 
     def _unshare_gradients(self) -> None:
         """Gradients present before a replay may be the graph's buffers (taken by autograd on the last
