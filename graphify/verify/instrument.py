@@ -157,7 +157,7 @@ def _probe(analysis: LoopAnalysis) -> tuple[int, str, bool] | None:
     loop = analysis.loop
     body = body_of(loop)
     env = loop.region.body_block.env
-    calls = [(i, n) for i, s in enumerate(body) for n in walk(s) if isinstance(n, cst.Call)]
+    calls, in_closures = _body_calls(body)
     if loop.kind == "train":
         anchors = [i for i, n in calls if is_step_op(n, env)]
         plan = analysis.plan
@@ -168,7 +168,7 @@ def _probe(analysis: LoopAnalysis) -> tuple[int, str, bool] | None:
             return plan.last, f"{PROBE}({_tuple(plan.outputs) or 'None'}, {optimizers}{carried})", bool(plan.outputs)
         if not anchors:
             return None
-        losses = [loss for _, n in calls if is_backward(n, env) for loss in [_loss_of(n)] if loss is not None]
+        losses = [loss for _, n in calls if is_backward(n, env) and id(n) not in in_closures for loss in [_loss_of(n)] if loss is not None]
         value = _tuple([f"{_code(loss, attr=True)}.item()" for loss in losses])
         optimizers = _distinct(expr for expr, site in Checker(loop).stepped_optimizers if any(n is expr for s in body for n in walk(s)))
         return anchors[-1], f"{PROBE}({value or 'None'}, {_tuple([_code(o) for o in optimizers]) or 'None'}{carried})", bool(losses)
@@ -184,6 +184,24 @@ def _probe(analysis: LoopAnalysis) -> tuple[int, str, bool] | None:
             output = target
     value = _tuple([_code(e.value) for e in names]) if names else _code(output) if output is not None else "None"
     return anchors[-1], f"{PROBE}({value}, None)", output is not None
+
+
+def _body_calls(body: list[cst.BaseStatement]) -> tuple[list[tuple[int, cst.Call]], set[int]]:
+    """(index of the body statement, call) for each call the body runs, and the ids of those made in
+    closures defined in the body: a closure's calls count at the statements that call it or hand it on
+    (`optimizer.step(closure)`), not where it is defined."""
+    closures = {s.name.value: s for s in body if isinstance(s, cst.FunctionDef)}
+    in_closures = {id(n) for f in closures.values() for n in walk(f) if isinstance(n, cst.Call)}
+    found = []
+    for i, stmt in enumerate(body):
+        if isinstance(stmt, cst.FunctionDef):
+            continue
+        for n in walk(stmt):
+            if isinstance(n, cst.Call):
+                found.append((i, n))
+            elif isinstance(n, cst.Name) and n.value in closures:
+                found.extend((i, c) for c in walk(closures[n.value]) if isinstance(c, cst.Call))
+    return found, in_closures
 
 
 def _carried(plan) -> str:
