@@ -260,12 +260,12 @@ class ModuleAnalysis:
 
     def _local_class_of(self, expr: cst.BaseExpression, env: Env, depth: int = 0) -> cst.ClassDef | None:
         name = dotted(expr)
-        if name is None or depth > 4:
+        if (name is None and type(expr) is not cst.Call) or depth > 4:
             return None
         if name in env.bound and not env.values_of(name):  # a parameter: what its call site passed
             caller, arg = env.bound[name]
             return self._local_class_of(arg, caller, depth + 1)
-        for value in env.values_of(name):
+        for value in env.values_of(name) if name else [expr]:
             while (
                 isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda", "train")
             ):

@@ -100,7 +100,8 @@ def _dataloader(expr, env, depth=0):
             return expr, env
         if (last in ("iter", "enumerate", "tqdm", "cycle", "islice") and expr.args) or (_is_prepare(expr, env) and len(expr.args) == 1):
             return _dataloader(expr.args[0].value, env, depth + 1)
-        return None
+        part = _returned_part(expr, None, env)
+        return _dataloader(part[0], part[1], depth + 1) if part is not None else None
     name = dotted(expr)
     if name is None:
         return None
@@ -125,10 +126,10 @@ def _is_prepare(call: cst.Call, env) -> bool:
     return isinstance(call.func, cst.Attribute) and call.func.attr.value == "prepare" and env.kind_of(call.func.value) == ACCELERATOR
 
 
-def _returned_part(call: cst.Call, index: int, env):
-    """The expression (and the env it is read in) that `call(...)[index]` unpacks: `prepare`'s argument,
-    or the element of the tuple a function of this file returns."""
-    if _is_prepare(call, env):
+def _returned_part(call: cst.Call, index: int | None, env):
+    """The expression (and the env it is read in) that `call(...)[index]` unpacks (`call(...)` with no
+    index): `prepare`'s argument, or the value or tuple element a function of this file returns."""
+    if _is_prepare(call, env) and index is not None:
         args = [a for a in call.args if a.keyword is None and not a.star]
         return (args[index].value, env) if index < len(args) else None
     module = env.module
@@ -136,7 +137,9 @@ def _returned_part(call: cst.Call, index: int, env):
         return None
     func = module.functions[call.func.value]
     for ret in _returns(func):
-        if isinstance(ret.value, cst.Tuple) and index < len(ret.value.elements):
+        if index is None and not isinstance(ret.value, cst.Tuple):
+            return ret.value, _function_env(module, func, None)
+        if index is not None and isinstance(ret.value, cst.Tuple) and index < len(ret.value.elements):
             return ret.value.elements[index].value, _function_env(module, func, None)
     return None
 
