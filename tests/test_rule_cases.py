@@ -59,6 +59,262 @@ CASES = {
             optimizer.step(); scaled.step(); head_optimizer.step()
         """,
     ),
+    "GFY251-loader-from-tuple-and-prepare": (
+        "GFY251",
+        """
+        def get_loaders(ds):
+            train = torch.utils.data.DataLoader(ds, batch_size=8, drop_last=True)
+            valid = torch.utils.data.DataLoader(ds, batch_size=8)  # here
+            return train, valid
+        train_dl, valid_dl = get_loaders(None)
+        model, train_dl, valid_dl = accelerator.prepare(model, train_dl, valid_dl)
+        with torch.no_grad():
+            for x, y in valid_dl:
+                out = model(x)
+        """,
+        """
+        def get_loaders(ds):
+            train = torch.utils.data.DataLoader(ds, batch_size=8, drop_last=True)
+            valid = torch.utils.data.DataLoader(ds, batch_size=8, drop_last=True)
+            return train, valid
+        train_dl, valid_dl = get_loaders(None)
+        model, train_dl, valid_dl = accelerator.prepare(model, train_dl, valid_dl)
+        with torch.no_grad():
+            for x, y in valid_dl:
+                out = model(x)
+        """,
+    ),
+    "GFY251-loader-attribute-from-init": (
+        "GFY251",
+        """
+        class Trainer:
+            def __init__(self, ds):
+                dl = torch.utils.data.DataLoader(ds, batch_size=8, shuffle=True)  # here
+                self.dl = iter(accelerator.prepare(dl))
+            def train(self):
+                for _ in range(100):
+                    x, y = next(self.dl)
+                    loss = criterion(model(x), y)
+                    loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        class Trainer:
+            def __init__(self, ds):
+                dl = torch.utils.data.DataLoader(ds, batch_size=8, shuffle=True, drop_last=True)
+                self.dl = iter(accelerator.prepare(dl))
+            def train(self):
+                for _ in range(100):
+                    x, y = next(self.dl)
+                    loss = criterion(model(x), y)
+                    loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY252-collate-nested-in-loader-function": (
+        "GFY252",
+        """
+        def get_loader(ds, tokenizer):
+            def collate(examples):
+                return tokenizer.pad(examples, padding="longest", return_tensors="pt")  # here
+            return torch.utils.data.DataLoader(ds, collate_fn=collate, drop_last=True)
+        loader = get_loader(None, None)
+        for batch in loader:
+            loss = model(**batch).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        def get_loader(ds, tokenizer):
+            def collate(examples):
+                return tokenizer.pad(examples, padding="max_length", max_length=128, return_tensors="pt")
+            return torch.utils.data.DataLoader(ds, collate_fn=collate, drop_last=True)
+        loader = get_loader(None, None)
+        for batch in loader:
+            loss = model(**batch).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY421-unscale": (
+        "GFY421",
+        """
+        scaler = torch.amp.GradScaler()
+        for x, y in loader:
+            scaler.scale(criterion(model(x), y)).backward()
+            scaler.unscale_(opt)  # here
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        """,
+        """
+        scaler = torch.amp.GradScaler()
+        for x, y in loader:
+            scaler.scale(criterion(model(x), y)).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.unscale_(opt)
+        """,
+    ),
+    "GFY612-no-sync-kept-and-fsdp-toggle": (
+        "GFY612",
+        """
+        import contextlib
+        for i, (x, y) in enumerate(loader):
+            last = (i + 1) % 4 == 0
+            model.set_requires_gradient_sync(last)  # here
+            ctx = model.no_sync() if not last else contextlib.nullcontext()  # here
+            with ctx:
+                criterion(model(x), y).backward()
+            if last:
+                opt.step(); opt.zero_grad()
+        """,
+        """
+        for i, (x, y) in enumerate(loader):
+            criterion(model(x), y).backward()
+            if (i + 1) % 4 == 0:
+                opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY412-callable-scheduler-and-lr-helper": (
+        "GFY412",
+        """
+        import lr_sched
+        scheduler = lr_sched.cosine_lr(opt, 0.1, 100, 1000)
+        for i, (x, y) in enumerate(loader):
+            scheduler(i)  # here
+            lr_sched.adjust_learning_rate(opt, i)  # here
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        import lr_sched
+        scheduler = lr_sched.cosine_lr(opt, 0.1, 100, 1000)
+        for i, (x, y) in enumerate(loader):
+            lr = scheduler(i)
+            lr_sched.adjust_learning_rate(lr, i)
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY511-logger-from-factory": (
+        "GFY511",
+        """
+        import tracking
+        wb = tracking.get_wandb_backend()
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            wb.log({"lr": 0.1})  # here
+        """,
+        """
+        import tracking
+        wb = tracking.get_model_backend()
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            wb.log({"lr": 0.1})
+        """,
+    ),
+    "GFY501-early-return-in-called-step": (
+        "GFY501",
+        """
+        def train_step(x, y, pending):
+            with torch.no_grad():
+                pending.append(model(x))
+            if len(pending) < 4:  # here
+                return pending
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+            return []
+        pending = []
+        for x, y in loader:
+            pending = train_step(x, y, pending)
+        """,
+        """
+        def train_step(x, y, pending):
+            if x is None:
+                return pending
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+            return []
+        pending = []
+        for x, y in loader:
+            pending = train_step(x, y, pending)
+        """,
+    ),
+    "GFY422-closure-from-factory": (
+        "GFY422",
+        """
+        def make_step(model, opt):
+            def step(x, y):
+                with torch.autocast("cuda"):  # here
+                    loss = criterion(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+            return step
+        step = make_step(model, opt)
+        for x, y in loader:
+            step(x, y)
+        """,
+        """
+        def make_step(model, opt):
+            def step(x, y):
+                with torch.autocast("cuda", cache_enabled=False):
+                    loss = criterion(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+            return step
+        step = make_step(model, opt)
+        for x, y in loader:
+            step(x, y)
+        """,
+    ),
+    "GFY611-loss-module-handed-to-the-loop": (
+        "GFY611",
+        """
+        import torch.distributed as dist
+        class CenteredLoss(nn.Module):
+            def forward(self, out):
+                center = out.mean(0)
+                dist.all_reduce(center)  # here
+                return (out - center).pow(2).mean()
+        def train(loss_fn, loader):
+            for x, y in loader:
+                loss = loss_fn(model(x))
+                loss.backward(); opt.step(); opt.zero_grad()
+        train(CenteredLoss(), None)
+        """,
+        """
+        import torch.distributed as dist
+        class CenteredLoss(nn.Module):
+            def forward(self, out):
+                return (out - out.mean(0)).pow(2).mean()
+        def train(loss_fn, loader):
+            for x, y in loader:
+                loss = loss_fn(model(x))
+                loss.backward(); opt.step(); opt.zero_grad()
+        train(CenteredLoss(), None)
+        """,
+    ),
+    "GFY512-save-helper-in-periodic-work": (
+        "GFY512",
+        """
+        def save(step):
+            torch.save(model.state_dict(), f"ckpt-{step}.pt")  # here
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            if i % 1000 == 0:
+                model.eval()
+                with torch.no_grad():
+                    sample = model(x)
+                save(i)
+        """,
+        """
+        def save(step):
+            print(f"ckpt-{step}.pt")
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            if i % 1000 == 0:
+                model.eval()
+                with torch.no_grad():
+                    sample = model(x)
+                save(i)
+        """,
+    ),
     "GFY611-accelerate-gather": (
         "GFY611",
         """

@@ -8,7 +8,7 @@ import libcst as cst
 
 from graphify.analysis.names import dotted
 from graphify.analysis.tree import children, memo
-from graphify.analysis.values import Env
+from graphify.analysis.values import Env, _returns
 from graphify.analysis.vocabulary import DDP, ENV, LOADER, MODEL, OPTIMIZER, SCALER
 
 NO_GRAD = ("no_grad", "inference_mode")
@@ -203,3 +203,17 @@ def bind_free_names(info, env: Env, outer: Env, seeds: dict[str, bool]) -> None:
             verdict = outer._tensor(node, 0)
             if verdict is not None:
                 seeds[node.value] = verdict
+
+
+def returned_closure(name: str, env: Env) -> tuple[cst.FunctionDef, cst.FunctionDef, cst.Call] | None:
+    """`train_step = make_train_step(model, opt)` where the module function `make_train_step` returns a
+    function it defines: that inner function, its factory, and the call that built it."""
+    module = env.module
+    for value in env.values_of(name) if module is not None else ():
+        if type(value) is cst.Call and type(value.func) is cst.Name and value.func.value in module.functions:
+            factory = module.functions[value.func.value]
+            inner = nested_functions(factory)
+            for ret in _returns(factory):
+                if type(ret.value) is cst.Name and ret.value.value in inner:
+                    return inner[ret.value.value], factory, value
+    return None

@@ -114,7 +114,17 @@ def is_logging_call(call: cst.Call, env: Env) -> bool:
         return True  # LightningModule.log
     if name in ("write",) and not any(h in recv for h in ("pbar", "bar", "tqdm", "stdout", "stderr")):
         return False
-    return any(h in recv.rsplit(".", 1)[-1] or h in recv for h in LOGGER_NAME_HINTS)
+    return any(h in recv.rsplit(".", 1)[-1] or h in recv for h in LOGGER_NAME_HINTS) or _built_as_logger(receiver, env)
+
+
+# what the function building a receiver is named after: `wb = get_wandb_backend(args)`, `tracker = make_logger(cfg)`
+_LOGGER_FACTORY_HINTS = ("wandb", "mlflow", "trackio", "logger", "writer", "tensorboard")
+
+
+def _built_as_logger(receiver: cst.BaseExpression, env: Env) -> bool:
+    name = dotted(receiver)
+    built = [v for v in env.values_of(name) if type(v) is cst.Call] if name else []
+    return any(h in (env.qualify(v.func) or "").rsplit(".", 1)[-1].lower() for v in built for h in _LOGGER_FACTORY_HINTS)
 
 
 def kwarg(call: cst.Call, name: str) -> cst.BaseExpression | None:

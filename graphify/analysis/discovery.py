@@ -19,6 +19,7 @@ from graphify.analysis.calls import (
     bind_free_names,
     local_function,
     _mentions_no_grad,
+    returned_closure,
     is_model_call,
     is_no_grad_item,
     is_periodic_gpu_branch,
@@ -227,6 +228,9 @@ class ModuleAnalysis:
                 other, real = imported
                 if real in other.functions:
                     return other.function_info(other.functions[real], None), False
+            returned = returned_closure(name, env)
+            if returned is not None:
+                return module.function_info(returned[0], None), False
             cls = self._local_class_of(func, env)
             if cls is not None:
                 fwd = module.method(cls, "forward")
@@ -255,11 +259,14 @@ class ModuleAnalysis:
         node = local_function(name, env)
         return self.module.function_info(node, env.func.cls if env.func is not None else None) if node is not None else None
 
-    def _local_class_of(self, expr: cst.BaseExpression, env: Env) -> cst.ClassDef | None:
+    def _local_class_of(self, expr: cst.BaseExpression, env: Env, depth: int = 0) -> cst.ClassDef | None:
         name = dotted(expr)
-        if name is None:
+        if (name is None and type(expr) is not cst.Call) or depth > 4:
             return None
-        for value in env.values_of(name):
+        if name in env.bound and not env.values_of(name):  # a parameter: what its call site passed
+            caller, arg = env.bound[name]
+            return self._local_class_of(arg, caller, depth + 1)
+        for value in env.values_of(name) if name else [expr]:
             while (
                 isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda", "train")
             ):
@@ -273,26 +280,31 @@ class ModuleAnalysis:
         if resolved is None:
             return None
         info, bound = resolved
+        env, seeds = self._bound_env(info, bound, call, caller.env)
+        if isinstance(call.func, cst.Name) and self._closure(call.func.value, caller.env) is info:
+            bind_free_names(info, env, caller.env, seeds)
+        elif isinstance(call.func, cst.Name) and (returned := returned_closure(call.func.value, caller.env)) is not None:
+            _, factory, built = returned  # the closure reads its factory's names, bound where the factory was called
+            factory_env, factory_seeds = self._bound_env(info.module.function_info(factory, None), False, built, caller.env)
+            factory_env.infer(factory_seeds, factory_env.func.scope)
+            bind_free_names(info, env, factory_env, seeds)
+        env.infer(seeds, info.scope)
+        return Block(info, env, list(info.node.body.body), call, caller)
+
+    @staticmethod
+    def _bound_env(info: FunctionInfo, bound: bool, call: cst.Call, caller: Env) -> tuple[Env, dict[str, bool]]:
+        """A called function's env, its parameters bound to the call's arguments, and the tensor/host seeds."""
         env = info.new_env()
-        env.resolver = info.module.program
-        env.module = info.module
-        env.func = info
+        env.resolver, env.module, env.func = info.module.program, info.module, info
         seeds: dict[str, bool] = {}
         params = info.params[1:] if bound else info.params
         for i, arg in enumerate(call.args):
-            if arg.star:
-                continue
-            name = arg.keyword.value if arg.keyword is not None else (params[i] if i < len(params) else None)
-            if name is None:
-                continue
-            env.bound[name] = (caller.env, arg.value)
-            verdict = caller.env._tensor(arg.value, 0)
-            if verdict is not None:
-                seeds[name] = verdict
-        if isinstance(call.func, cst.Name) and self._closure(call.func.value, caller.env) is info:
-            bind_free_names(info, env, caller.env, seeds)
-        env.infer(seeds, info.scope)
-        return Block(info, env, list(info.node.body.body), call, caller)
+            name = None if arg.star else arg.keyword.value if arg.keyword is not None else (params[i] if i < len(params) else None)
+            if name is not None:
+                env.bound[name] = (caller, arg.value)
+                if (verdict := caller._tensor(arg.value, 0)) is not None:
+                    seeds[name] = verdict
+        return env, seeds
 
     # ---- walking ----------------------------------------------------------------------------
 

@@ -51,12 +51,13 @@ def check(ck):
     for node, site in ck.nodes():
         env = site.env
         m = method_call(node)
-        if m is not None and m[1] in ("step", "update") and env.kind_of(m[0]) == SCALER:
+        if m is not None and m[1] in ("step", "update", "unscale_") and env.kind_of(m[0]) == SCALER:
+            what = "records the optimizer as unscaled in the scaler's host state" if m[1] == "unscale_" else "reads `found_inf` on the host"
             yield ck.finding(
                 SCALER_STEP,
                 node,
                 site,
-                f"`{code_of(node)}` reads `found_inf` on the host",
+                f"`{code_of(node)}` {what}",
                 "capture forward and scaled backward; run `scaler.step`/`scaler.update` eagerly after the replay",
             )
         elif isinstance(node, cst.Call) and is_delegated_step(node, env) and env.kind_of(node.func) == SCALER:

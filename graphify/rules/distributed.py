@@ -56,6 +56,13 @@ def _is_collective(call: cst.Call, env) -> bool:
     return m is not None and m[1] in _ACCELERATE_COLLECTIVES and env.kind_of(m[0]) == ACCELERATOR
 
 
+def _toggles_gradient_sync(call: cst.Call) -> bool:
+    """DDP's `model.no_sync()` (entered at once or kept for a later `with`), FSDP2's
+    `model.set_requires_gradient_sync(flag)`."""
+    m = method_call(call)
+    return m is not None and ((m[1] == "no_sync" and not call.args) or (m[1] == "set_requires_gradient_sync" and len(call.args) == 1))
+
+
 def check(ck):
     seen = set()
     for node, site in ck.nodes():
@@ -83,13 +90,11 @@ def check(ck):
                         f"`{code_of(target[0])}` runs DDP hooks in the step",
                         "build DDP on a side stream, turn NCCL async error handling off and warm up 11 steps before capture",
                     )
-        elif isinstance(node, cst.WithItem):
-            items = [node.item.body, node.item.orelse] if isinstance(node.item, cst.IfExp) else [node.item]
-            if any((m := method_call(i)) is not None and m[1] == "no_sync" for i in items):
+            elif _toggles_gradient_sync(node):
                 yield ck.finding(
                     NO_SYNC,
                     node,
                     site,
-                    f"`{code_of(node.item)}` toggles gradient sync per step",
+                    f"`{code_of(node)}` toggles gradient sync per step",
                     "capture one graph per accumulation cycle by hand, or accumulate without no_sync",
                 )

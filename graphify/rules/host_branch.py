@@ -118,6 +118,41 @@ def _skips_step(node: cst.If, site, ck) -> bool:
     return leaves and _reads_counter(node.test, ck) and ck.steps_optimizer_after(node)
 
 
+def _returns_before_step(node: cst.If, site, ck) -> bool:
+    """`if len(accum_batches) < k: return None` in a function the step calls, after GPU work and before the
+    function steps the optimizer: accumulation written as an early return, on state the loop carries."""
+    block = site.block
+    at = next((i for i, stmt in enumerate(block.stmts) if stmt is node), None)
+    if block is ck.region.body_block or site.ancestors or at is None:
+        return False
+    return (
+        any(isinstance(n, cst.Return) for n in _outside_loops(node.body))
+        and any(does_gpu_work(stmt, site.env) for stmt in block.stmts[:at])
+        and any(ck.steps_optimizer(stmt) for stmt in block.stmts[at + 1 :])
+        and _reads_carried_state(node.test, ck, site.env)
+    )
+
+
+def _reads_carried_state(expr, ck, env, depth: int = 0) -> bool:
+    """Whether a called function's expression reads, through its parameters and the locals built from them,
+    a name the loop rebinds (`accum_state` handed back by each call)."""
+    if depth > 4:
+        return False
+    for n in iter_nodes(expr):
+        if not isinstance(n, cst.Name):
+            continue
+        if env is ck.body_env:
+            if n.value in ck.counters | ck.assigned_in_loop:
+                return True
+        elif n.value in env.bound:
+            caller, arg = env.bound[n.value]
+            if _reads_carried_state(arg, ck, caller, depth + 1):
+                return True
+        elif any(_reads_carried_state(v, ck, env, depth + 1) for v in env.scope.values.get(n.value, ())):
+            return True
+    return False
+
+
 def _outside_loops(root):
     stack = [root]
     while stack:
@@ -173,6 +208,15 @@ def check(ck):
                 node,
                 site,
                 f"`continue` under host condition `{code_of(node.test)}` skips the optimizer step (gradient accumulation)",
+                "capture one graph per accumulation cycle, or accumulate with `step % k` around the optimizer step",
+                False,
+            )
+        elif _returns_before_step(node, site, ck):
+            yield ck.finding(
+                ACCUMULATION,
+                node,
+                site,
+                f"`return` under host condition `{code_of(node.test)}` skips the optimizer step (gradient accumulation)",
                 "capture one graph per accumulation cycle, or accumulate with `step % k` around the optimizer step",
                 False,
             )

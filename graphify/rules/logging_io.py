@@ -3,8 +3,9 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of, is_logging_call
-from graphify.analysis.calls import method_call
+from graphify.analysis.calls import is_periodic_gpu_branch, method_call
 from graphify.analysis.names import dotted
+from graphify.analysis.statements import walk
 from graphify.rules.registry import rule
 
 LOGGING = rule(
@@ -82,9 +83,36 @@ def _is_profiler_step(call: cst.Call, env) -> bool:
     )
 
 
+def _periodic_saves(call: cst.Call, site, ck):
+    """File writes in a function of this file called from periodic work (`if step % k == 0: ...; self.save(k)`):
+    the step's walk does not enter calls there, as that block runs eagerly between replays, but a checkpoint
+    written there is still a host effect of the step as written."""
+    if not any(isinstance(a, cst.If) and is_periodic_gpu_branch(a, site.env) for a in site.ancestors):
+        return
+    module, func = site.block.module, call.func
+    cls = site.env.func.cls if site.env.func is not None else None
+    if isinstance(func, cst.Name) and func.value in module.functions:
+        callee = module.functions[func.value]
+    elif isinstance(func, cst.Attribute) and dotted(func.value) == "self" and cls is not None:
+        callee = module.method(cls, func.attr.value)
+    else:
+        return
+    for node in walk(callee.body) if callee is not None else ():
+        if type(node) is cst.Call and (module.aliases.qualify(node.func) or "") in _FILE_IO | _FILE_SYSTEM:
+            yield ck.finding_at(
+                CHECKPOINT,
+                node,
+                module,
+                f"`{code_of(node)}` (called from periodic work in the step) would run only once, at capture",
+                "save between replays, outside the captured region",
+                True,
+            )
+
+
 def check(ck):
     for call, site in ck.calls():
         env = site.env
+        yield from _periodic_saves(call, site, ck)
         if is_logging_call(call, env):
             yield ck.finding(
                 LOGGING,

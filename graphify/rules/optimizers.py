@@ -1,10 +1,12 @@
 """non-capturable-optimizer and lr-scheduler: optimizer state and learning rates that capture freezes."""
 
+import re
+
 import libcst as cst
 
 from graphify.analysis.checker import code_of, is_true, kwarg
 from graphify.analysis.calls import method_call
-from graphify.analysis.vocabulary import ADAM_FAMILY, NEVER_CAPTURABLE, SCHEDULER
+from graphify.analysis.vocabulary import ADAM_FAMILY, NEVER_CAPTURABLE, OPTIMIZER, SCHEDULER
 from graphify.rules.registry import rule
 
 NOT_CAPTURABLE = rule(
@@ -39,6 +41,8 @@ RULES = (NOT_CAPTURABLE, NEVER_CAPTURABLE_RULE, SCHEDULER_STEP, LR_ASSIGNMENT)
 
 # torch's `scheduler.step()`, and timm's per-update `scheduler.step_update(num_updates)`
 _SCHEDULER_STEPS = ("step", "step_update")
+# helpers named for setting an optimizer's learning rate: `adjust_learning_rate(optimizer, it)`, `opt.step_and_update_lr()`
+_LR_SETTER = re.compile(r"(?:^|_)(?:adjust|update|set)_(?:learning_rate|lr)$")
 
 
 def check(ck):
@@ -89,6 +93,15 @@ def check(ck):
                 _lr_fix(tensor_lr),
                 tensor_lr and _outside_called_step(ck, site) and m[1] == "step",  # the rewrite knows torch's schedulers only
             )
+        elif isinstance(node, cst.Call) and not _followed(ck, node) and (what := _unseen_lr_update(node, site, env)):
+            yield ck.finding(
+                LR_ASSIGNMENT,
+                node,
+                site,
+                f"`{code_of(node)}` {what} every step",
+                _lr_fix(False),
+                False,
+            )
         elif isinstance(node, cst.Assign) and any(_is_lr_subscript(t.target) for t in node.targets):
             tensor_lr = ck.optimizers_take_tensor_lr() if tensor_lr is None else tensor_lr
             yield ck.finding(
@@ -99,6 +112,26 @@ def check(ck):
                 _lr_fix(tensor_lr),
                 tensor_lr and _outside_called_step(ck, site),
             )
+
+
+def _unseen_lr_update(call: cst.Call, site, env) -> str | None:
+    """A call that sets the learning rate in code graphify does not see (another file, a library): a callable
+    scheduler called for its effect (`scheduler(step)`, as open_clip's), or a helper named for it handed an
+    optimizer (`adjust_learning_rate(optimizer, it)`, `optimizer.step_and_update_lr()`)."""
+    func = call.func
+    if isinstance(func, (cst.Name, cst.Attribute)) and env.kind_of(func) == SCHEDULER and isinstance(site.ancestors[-1], cst.Expr):
+        return "calls a learning-rate scheduler, which sets the optimizer's float learning rate,"
+    name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+    if not _LR_SETTER.search(name):
+        return None
+    handed = [a.value for a in call.args] + ([func.value] if isinstance(func, cst.Attribute) else [])
+    return "sets the optimizer's float learning rate" if any(env.kind_of(e) == OPTIMIZER for e in handed) else None
+
+
+def _followed(ck, call: cst.Call) -> bool:
+    """Whether the step's walk entered the function this call runs (its LR assignments are then seen there)."""
+    region = ck.region
+    return any(b.call is call for b in region.blocks) or any(c is call for calls in region.repeats.values() for c, _ in calls)
 
 
 def _outside_called_step(ck, site) -> bool:

@@ -2,9 +2,12 @@
 
 import libcst as cst
 
+from graphify.analysis.calls import local_function
 from graphify.analysis.checker import code_of, is_true, kwarg
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import walk
+from graphify.analysis.values import _returns
+from graphify.analysis.vocabulary import ACCELERATOR
 from graphify.rules.registry import rule
 
 NO_DROP_LAST = rule(
@@ -40,9 +43,11 @@ def _pads_to_longest(call: cst.Call, aliases) -> bool:
     return padding is not None and (is_true(padding) or (isinstance(padding, cst.SimpleString) and padding.evaluated_value == "longest"))
 
 
-def _padding_collate(ck, collate: cst.BaseExpression | None, module):
+def _padding_collate(ck, collate: cst.BaseExpression | None, env):
     """A DataLoader's `collate_fn` that pads each batch to its own longest sequence: a function of this
-    file (by name, or through functools.partial) calling a padding function, or a padding collator."""
+    file or of the function building the loader (by name, or through functools.partial) calling a padding
+    function, or a padding collator."""
+    module = env.module
     if isinstance(collate, cst.Call):
         name = module.aliases.qualify(collate.func) or dotted(collate.func) or ""
         if name.rsplit(".", 1)[-1] == "partial" and collate.args:
@@ -61,6 +66,9 @@ def _padding_collate(ck, collate: cst.BaseExpression | None, module):
     if not isinstance(collate, cst.Name):
         return
     defs = [n for n in walk(module.tree) if isinstance(n, cst.FunctionDef) and n.name.value == collate.value]
+    local = local_function(collate.value, env) if env.func is not None else None
+    if local is not None:
+        defs = [local]
     if len(defs) != 1:
         return
     calls = [n for n in walk(defs[0]) if isinstance(n, cst.Call)]
@@ -78,16 +86,22 @@ def _padding_collate(ck, collate: cst.BaseExpression | None, module):
 
 
 def _dataloader(expr, env, depth=0):
-    """The DataLoader(...) call an iterable comes from, with the module it is in."""
+    """The DataLoader(...) call an iterable comes from, with the env it is read in: through wrappers
+    (`cycle(dl)`, `accelerator.prepare(dl)`), parameters, attributes set in another method
+    (`self.dl = cycle(dl)` in `__init__`), and tuples a function of the file returns or `prepare` hands back."""
     if depth > 6 or expr is None:
         return None
+    if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Call) and _index_of(expr) is not None:
+        part = _returned_part(expr.value, _index_of(expr), env)
+        return _dataloader(part[0], part[1], depth + 1) if part is not None else None
     if isinstance(expr, cst.Call):
         last = (env.qualify(expr.func) or "").rsplit(".", 1)[-1]
         if last == "DataLoader":
-            return expr, env.module
-        if last in ("iter", "enumerate", "tqdm", "cycle", "islice") and expr.args:
+            return expr, env
+        if (last in ("iter", "enumerate", "tqdm", "cycle", "islice") and expr.args) or (_is_prepare(expr, env) and len(expr.args) == 1):
             return _dataloader(expr.args[0].value, env, depth + 1)
-        return None
+        part = _returned_part(expr, None, env)
+        return _dataloader(part[0], part[1], depth + 1) if part is not None else None
     name = dotted(expr)
     if name is None:
         return None
@@ -95,10 +109,55 @@ def _dataloader(expr, env, depth=0):
         caller, arg = env.bound[name]
         return _dataloader(arg, caller, depth + 1)
     for value in reversed(env.values_of(name)):
-        found = _dataloader(value, env, depth + 1)
+        found = _dataloader(value, _assigning_env(name, value, env), depth + 1)
         if found is not None:
             return found
     return None
+
+
+def _index_of(expr: cst.Subscript) -> int | None:
+    """`call(...)[i]`: how the scope records `a, b = call(...)`."""
+    index = expr.slice[0].slice if len(expr.slice) == 1 else None
+    return int(index.value.value) if isinstance(index, cst.Index) and isinstance(index.value, cst.Integer) else None
+
+
+def _is_prepare(call: cst.Call, env) -> bool:
+    """`accelerator.prepare(model, optimizer, loader, ...)` hands back its arguments, wrapped, in order."""
+    return isinstance(call.func, cst.Attribute) and call.func.attr.value == "prepare" and env.kind_of(call.func.value) == ACCELERATOR
+
+
+def _returned_part(call: cst.Call, index: int | None, env):
+    """The expression (and the env it is read in) that `call(...)[index]` unpacks (`call(...)` with no
+    index): `prepare`'s argument, or the value or tuple element a function of this file returns."""
+    if _is_prepare(call, env) and index is not None:
+        args = [a for a in call.args if a.keyword is None and not a.star]
+        return (args[index].value, env) if index < len(args) else None
+    module = env.module
+    if not isinstance(call.func, cst.Name) or module is None or call.func.value not in module.functions:
+        return None
+    func = module.functions[call.func.value]
+    for ret in _returns(func):
+        if index is None and not isinstance(ret.value, cst.Tuple):
+            return ret.value, _function_env(module, func, None)
+        if index is not None and isinstance(ret.value, cst.Tuple) and index < len(ret.value.elements):
+            return ret.value.elements[index].value, _function_env(module, func, None)
+    return None
+
+
+def _assigning_env(name: str, value, env):
+    """`self.dl` is assigned in another method (`__init__`): its value reads that method's names."""
+    cls = env.func.cls if name.startswith("self.") and env.func is not None and env.module is not None else None
+    for stmt in cls.body.body if cls is not None else ():
+        if isinstance(stmt, cst.FunctionDef) and stmt is not env.func.node:
+            if any(v is value for v in env.module.function_info(stmt, cls).scope.values.get(name, ())):
+                return _function_env(env.module, stmt, cls)
+    return env
+
+
+def _function_env(module, func, cls):
+    env = module.function_info(func, cls).new_env()
+    env.module, env.func, env.resolver = module, module.function_info(func, cls), module.program
+    return env
 
 
 def check(ck):
@@ -107,9 +166,10 @@ def check(ck):
         found = _dataloader(iterable, env)
         if found is None or id(found[0]) in seen:
             continue
-        call, module = found
+        call, loader_env = found
+        module = loader_env.module
         seen.add(id(call))
-        yield from _padding_collate(ck, kwarg(call, "collate_fn"), module)
+        yield from _padding_collate(ck, kwarg(call, "collate_fn"), loader_env)
         if not is_true(kwarg(call, "drop_last")) and kwarg(call, "batch_sampler") is None:
             yield ck.finding_at(
                 NO_DROP_LAST,
