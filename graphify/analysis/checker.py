@@ -105,8 +105,9 @@ def is_logging_call(call: cst.Call, env: Env) -> bool:
         return True
     recv = (dotted(receiver) or "").lower()
     if name in METER_METHODS and any(h in part for part in recv.split(".") for h in METER_NAME_HINTS):
-        # metric_logger.update(loss=loss_value): host bookkeeping; a meter fed tensors does device math
-        return not any(env._tensor(a.value, 0) for a in call.args)
+        # metric_logger.update(loss=loss_value): host bookkeeping. A meter of a local class fed tensors does
+        # device math the analysis follows into its body; any other reads the tensors on the host, to log them.
+        return env._local_method(call.func) is None or not any(env._tensor(a.value, 0) for a in call.args)
     if name not in LOGGING_METHODS:
         return False
     if name == "log" and recv == "self":
