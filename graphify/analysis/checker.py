@@ -378,3 +378,9 @@ def is_cpu_arg(expr: cst.BaseExpression, env: Env) -> bool:
     if isinstance(expr, cst.Call) and (env.qualify(expr.func) or "").endswith("device") and expr.args:
         return is_cpu_arg(expr.args[0].value, env)
     return False
+
+
+def is_host_move(call: cst.Call, env: Env) -> bool:
+    """`x.cpu()`, `x.to("cpu")`, `x.to(device="cpu")`."""
+    m = method_call(call)
+    return m is not None and (m[1] == "cpu" or (m[1] == "to" and bool(call.args) and is_cpu_arg(call.args[0].value, env)))

@@ -4,12 +4,13 @@ import libcst as cst
 
 from graphify.analysis.checker import (
     code_of,
-    is_cpu_arg,
+    is_host_move,
     is_logging_call,
     is_true,
     kwarg,
 )
 from graphify.analysis.calls import method_call
+from graphify.analysis.names import dotted
 from graphify.analysis.vocabulary import DDP, LOSS, MODEL
 from graphify.rules.registry import rule
 
@@ -66,6 +67,16 @@ RULES = (ITEM, TOLIST, TO_CPU, NUMPY, SCALAR, FORMAT, SYNCHRONIZE, DYNAMIC_OUTPU
 
 _DYNAMIC = {"nonzero", "unique", "unique_consecutive", "argwhere", "masked_select"}
 _READ_AFTER = "read it after the step (graphify rewrite reads the graph's static output after each replay)"
+
+
+def _library_metric(receiver: cst.BaseExpression, env) -> bool:
+    """A Hugging Face `evaluate` metric (`evaluate.load("glue")`, `datasets.load_metric`): it converts the
+    tensors it is fed to Python and NumPy data."""
+    name = dotted(receiver)
+    return bool(name) and any(
+        isinstance(v, cst.Call) and ((env.qualify(v.func) or "").startswith("evaluate.") or env.qualify(v.func) == "datasets.load_metric")
+        for v in env.values_of(name)
+    )
 
 
 def _is_boolean_mask(index: cst.BaseExpression, env) -> bool:
@@ -128,11 +139,16 @@ def _check_call(ck, call, site, env):
             yield ck.finding(ITEM, call, site, f"`{subject}.item()` waits for the GPU", _READ_AFTER, ck.host_read_removable(call, site))
         elif name == "tolist" and env.is_tensor(receiver):
             yield ck.finding(TOLIST, call, site, f"`{subject}.tolist()` waits for the GPU", _READ_AFTER, ck.host_read_removable(call, site))
-        elif (
-            (name == "cpu" or (name == "to" and call.args and is_cpu_arg(call.args[0].value, env)))
-            and kind not in (MODEL, DDP, LOSS)
-            and not env.is_host(receiver)
-        ):
+        elif is_host_move(call, env) and kind in (MODEL, DDP):
+            yield ck.finding(
+                TO_CPU,
+                call,
+                site,
+                f"`{code_of(call)}` copies the module's weights to the host every step",
+                "keep the module on the device during training; offload it between epochs, if at all",
+                False,
+            )
+        elif is_host_move(call, env) and kind != LOSS and not env.is_host(receiver):
             yield ck.finding(TO_CPU, call, site, f"`{code_of(call)}` copies to the host", _READ_AFTER, ck.host_read_removable(call, site))
         elif name == "numpy" and not env.is_host(receiver) and kind is None:
             yield ck.finding(
@@ -155,6 +171,17 @@ def _check_call(ck, call, site, env):
                 f"`{code_of(call)}` has a data-dependent output size",
                 "use fixed-size alternatives (`torch.where(mask, x, 0)`, masks multiplied in) or move this out of the step",
             )
+        if name in ("add_batch", "add", "compute") and _library_metric(receiver, env):
+            fed = [a.value for a in call.args if env.is_tensor(a.value)]
+            if fed:
+                yield ck.finding(
+                    TO_CPU,
+                    call,
+                    site,
+                    f"`{subject}.{name}(...)` converts `{code_of(fed[0])}` to host data",
+                    "feed the metric after the step (graphify rewrite reads the graph's static output after each replay)",
+                    ck.host_read_removable(call, site),
+                )
     last = qual.rsplit(".", 1)[-1]
     if qual.startswith("torch.") and (last in _DYNAMIC or (last == "where" and len(call.args) == 1)):
         yield ck.finding(
