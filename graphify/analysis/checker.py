@@ -221,7 +221,7 @@ class Checker:
         return names
 
     @cached_property
-    def _loop_scope(self):
+    def loop_scope(self):
         return collect_scope(self.loop.node.body)
 
     def is_tensor_here(self, expr: cst.BaseExpression, site: Site) -> bool:
@@ -229,7 +229,7 @@ class Checker:
         to host values (`loss_avg = meter.avg`) holds those there, whatever the function assigns it elsewhere."""
         env = site.env
         if site.block is self.region.body_block and type(expr) is cst.Name and expr.value in env.tensors:
-            verdicts = {env._tensor(v, 0) for v in self._loop_scope.values.get(expr.value, ())}
+            verdicts = {env._tensor(v, 0) for v in self.loop_scope.values.get(expr.value, ())}
             if False in verdicts and True not in verdicts:
                 return False
         return env.is_tensor(expr)
@@ -237,7 +237,7 @@ class Checker:
     @cached_property
     def assigned_in_loop(self) -> set[str]:
         """Names (re)bound anywhere in the loop body, the loop target included."""
-        names = set(self._loop_scope.values)
+        names = set(self.loop_scope.values)
         if isinstance(self.loop.node, cst.For):
             names.update(n.value for n in iter_nodes(self.loop.node.target) if isinstance(n, cst.Name))
         return names

@@ -12,6 +12,7 @@ from graphify.analysis.checker import (
 from graphify.analysis.calls import method_call
 from graphify.analysis.names import dotted
 from graphify.analysis.vocabulary import DDP, LOSS, MODEL
+from graphify.rules.host_tensors import host_batch_names, model_output, on_host
 from graphify.rules.registry import rule
 
 ITEM = rule("GFY001", "tensor-item", "host-sync", "error", "`.item()` on a tensor copies it to the host and waits for the GPU", True)
@@ -102,10 +103,11 @@ def _assigned_a_scalar(site) -> bool:
 
 
 def check(ck):
+    host_batch = host_batch_names(ck)
     for node, site in ck.nodes():
         env = site.env
         if isinstance(node, cst.Call):
-            yield from _check_call(ck, node, site, env)
+            yield from _check_call(ck, node, site, env, host_batch)
         elif isinstance(node, cst.FormattedStringExpression) and env.is_tensor(node.expression):
             if not any(isinstance(a, cst.Call) and is_logging_call(a, env) for a in site.ancestors):
                 yield ck.finding(
@@ -114,6 +116,19 @@ def check(ck):
                     site,
                     f"tensor `{code_of(node.expression)}` formatted into a string",
                     f"format `{code_of(node.expression)}.item()` outside the step, or log the tensor after the replay",
+                    ck.host_read_removable(node, site),
+                )
+        elif isinstance(node, cst.Subscript) and site.block is ck.region.body_block and on_host(node.value, host_batch):
+            device_index = [
+                el.slice.value for el in node.slice if isinstance(el.slice, cst.Index) and model_output(el.slice.value, ck, env)
+            ]
+            if device_index:
+                yield ck.finding(
+                    TO_CPU,
+                    node,
+                    site,
+                    f"`{code_of(node)}` indexes a host tensor with device tensor `{code_of(device_index[0])}`, copied to the host",
+                    "move the host tensor to the device before the step, or index it after the step",
                     ck.host_read_removable(node, site),
                 )
         elif isinstance(node, cst.Subscript) and env.is_tensor(node.value) and not _assigned_a_scalar(site):
@@ -128,14 +143,16 @@ def check(ck):
                     )
 
 
-def _check_call(ck, call, site, env):
+def _check_call(ck, call, site, env, host_batch):
     m = method_call(call)
     qual = env.qualify(call.func) or ""
     if m is not None:
         receiver, name = m
         kind = env.kind_of(receiver)
         subject = code_of(receiver)
-        if name == "item" and not call.args and not env.is_host(receiver) and kind is None:
+        if site.block is ck.region.body_block and on_host(receiver, host_batch):
+            pass  # a batch item the step never moved to the device: reading it waits for nothing
+        elif name == "item" and not call.args and not env.is_host(receiver) and kind is None:
             yield ck.finding(ITEM, call, site, f"`{subject}.item()` waits for the GPU", _READ_AFTER, ck.host_read_removable(call, site))
         elif name == "tolist" and env.is_tensor(receiver):
             yield ck.finding(TOLIST, call, site, f"`{subject}.tolist()` waits for the GPU", _READ_AFTER, ck.host_read_removable(call, site))
