@@ -151,8 +151,14 @@ def _host_array(expr, env, depth=0) -> bool:
         return env.is_host(expr.elt)
     if isinstance(expr, cst.Subscript):
         return _host_array(expr.value, env, depth + 1)
+    if isinstance(expr, cst.IfExp):
+        return _all_host_arrays([expr.body, expr.orelse], env, depth)
     name = dotted(expr) if isinstance(expr, cst.Name) else None
-    values = [v for v in env.values_of(name) if not (isinstance(v, cst.Name) and v.value == "None")] if name else []
+    return _all_host_arrays(env.values_of(name), env, depth) if name else False
+
+
+def _all_host_arrays(values, env, depth) -> bool:
+    values = [v for v in values if not (isinstance(v, cst.Name) and v.value == "None")]
     return bool(values) and all(_host_array(v, env, depth + 1) for v in values)
 
 
