@@ -315,6 +315,179 @@ CASES = {
                 save(i)
         """,
     ),
+    "GFY101-reduced-loss-dict": (
+        "GFY101",
+        """
+        import math
+        for x, y in loader:
+            loss_dict = criterion(model(x), y)
+            losses = sum(loss_dict[k] for k in loss_dict.keys())
+            losses.backward(); opt.step(); opt.zero_grad()
+            reduced = utils.reduce_dict(loss_dict)
+            scaled = {k: v * 2 for k, v in reduced.items()}
+            loss_value = sum(scaled.values()).item()
+            if not math.isfinite(loss_value):  # here
+                break
+        """,
+        """
+        import math
+        for x, y in loader:
+            loss_dict = criterion(model(x), y)
+            losses = sum(loss_dict[k] for k in loss_dict.keys())
+            losses.backward(); opt.step(); opt.zero_grad()
+            summary = utils.summarize(loss_dict)
+            loss_value = sum(summary.values())
+            if not math.isfinite(loss_value):
+                break
+        """,
+    ),
+    "GFY006-tensor-dict-logged": (
+        "GFY006",
+        """
+        for step, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            log_dict = {"loss": loss.detach(), "step": step}
+            metric_logger.log_dict(log_dict, step=step)  # here
+        """,
+        """
+        for step, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            log_dict = {"loss": float(loss), "step": step}
+            metric_logger.log_dict(log_dict, step=step)
+        """,
+    ),
+    "GFY303-list-of-labels": (
+        "GFY303",
+        """
+        valid_labels = [int(line) for line in open("labels.txt")] if os.path.exists("labels.txt") else None
+        with torch.no_grad():
+            for x, y in loader:
+                output = model(x)
+                if valid_labels is not None:
+                    output = output[:, valid_labels]  # here
+                loss = criterion(output, y)
+        """,
+        """
+        valid_labels = torch.tensor([int(line) for line in open("labels.txt")], device="cuda")
+        with torch.no_grad():
+            for x, y in loader:
+                output = model(x)
+                output = output[:, valid_labels]
+                first = output[:, [k for k in range(2)]]
+                loss = criterion(output, y)
+        """,
+    ),
+    "GFY003-evaluate-metric": (
+        "GFY003",
+        """
+        import evaluate
+        metric = evaluate.load("accuracy")
+        with torch.no_grad():
+            for x, y in loader:
+                predictions = model(x).argmax(dim=-1)
+                metric.add_batch(predictions=predictions, references=y)  # here
+        """,
+        """
+        import evaluate
+        metric = evaluate.load("accuracy")
+        correct = []
+        with torch.no_grad():
+            for x, y in loader:
+                predictions = model(x).argmax(dim=-1)
+                correct.append(predictions == y)
+        metric.add_batch(predictions=predictions, references=y)
+        """,
+    ),
+    "GFY003-module-offloaded": (
+        "GFY003",
+        """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            ema_model.to("cuda", non_blocking=True)
+            update_ema(ema_model, model)
+            ema_model.to("cpu", non_blocking=True)  # here
+        """,
+        """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            update_ema(ema_model, model)
+        ema_model.to("cpu")
+        """,
+    ),
+    "GFY301-module-brought-back": (
+        "GFY301",
+        """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            ema_model.to(device="cuda", non_blocking=True)  # here
+            update_ema(ema_model, model)
+            ema_model.to(device="cpu", non_blocking=True)
+        """,
+        """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            ema_model.to(device="cuda", non_blocking=True)
+            update_ema(ema_model, model)
+        """,
+    ),
+    "GFY301-mapped-lambda": (
+        "GFY301",
+        """
+        for batch in loader:
+            x, y = map(lambda t: t.to(device), batch)  # here
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        for batch in loader:
+            x, y = map(lambda t: t.float(), batch)
+            to_device = lambda t: t.to(device)
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY003-host-batch-indexed-on-device": (
+        "GFY003",
+        """
+        loader = torch.utils.data.DataLoader(dataset, batch_size=8)
+        with torch.no_grad():
+            for imgs, caps in loader:
+                out, order = model(imgs.to(device))
+                caps = caps[order]  # here
+        """,
+        """
+        loader = torch.utils.data.DataLoader(dataset, batch_size=8)
+        with torch.no_grad():
+            for imgs, caps in loader:
+                caps = caps.to(device)
+                out, order = model(imgs.to(device))
+                caps = caps[order]
+        """,
+    ),
+    "GFY002-host-batch-item": (
+        "GFY002",
+        """
+        loader = torch.utils.data.DataLoader(dataset, batch_size=8)
+        with torch.no_grad():
+            for imgs, caps in loader:
+                out = model(imgs.to(device))
+                refs = caps[0].tolist()
+                hyps = out.argmax(-1).tolist()  # here
+        """,
+        """
+        loader = torch.utils.data.DataLoader(dataset, batch_size=8)
+        with torch.no_grad():
+            for imgs, caps in loader:
+                out = model(imgs.to(device))
+                refs = caps[0].tolist()
+        """,
+    ),
     "GFY611-accelerate-gather": (
         "GFY611",
         """

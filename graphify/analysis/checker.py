@@ -106,8 +106,9 @@ def is_logging_call(call: cst.Call, env: Env) -> bool:
         return True
     recv = (dotted(receiver) or "").lower()
     if name in METER_METHODS and any(h in part for part in recv.split(".") for h in METER_NAME_HINTS):
-        # metric_logger.update(loss=loss_value): host bookkeeping; a meter fed tensors does device math
-        return not any(env._tensor(a.value, 0) for a in call.args)
+        # metric_logger.update(loss=loss_value): host bookkeeping. A meter of a local class fed tensors does
+        # device math the analysis follows into its body; any other reads the tensors on the host, to log them.
+        return env._local_method(call.func) is None or not any(env._tensor(a.value, 0) for a in call.args)
     if name not in LOGGING_METHODS:
         return False
     if name == "log" and recv == "self":
@@ -231,7 +232,7 @@ class Checker:
         return names
 
     @cached_property
-    def _loop_scope(self):
+    def loop_scope(self):
         return collect_scope(self.loop.node.body)
 
     def is_tensor_here(self, expr: cst.BaseExpression, site: Site) -> bool:
@@ -239,7 +240,7 @@ class Checker:
         to host values (`loss_avg = meter.avg`) holds those there, whatever the function assigns it elsewhere."""
         env = site.env
         if site.block is self.region.body_block and type(expr) is cst.Name and expr.value in env.tensors:
-            verdicts = {env._tensor(v, 0) for v in self._loop_scope.values.get(expr.value, ())}
+            verdicts = {env._tensor(v, 0) for v in self.loop_scope.values.get(expr.value, ())}
             if False in verdicts and True not in verdicts:
                 return False
         return env.is_tensor(expr)
@@ -247,7 +248,7 @@ class Checker:
     @cached_property
     def assigned_in_loop(self) -> set[str]:
         """Names (re)bound anywhere in the loop body, the loop target included."""
-        names = set(self._loop_scope.values)
+        names = set(self.loop_scope.values)
         if isinstance(self.loop.node, cst.For):
             names.update(n.value for n in iter_nodes(self.loop.node.target) if isinstance(n, cst.Name))
         return names
@@ -391,3 +392,9 @@ def is_cpu_arg(expr: cst.BaseExpression, env: Env) -> bool:
     if isinstance(expr, cst.Call) and (env.qualify(expr.func) or "").endswith("device") and expr.args:
         return is_cpu_arg(expr.args[0].value, env)
     return False
+
+
+def is_host_move(call: cst.Call, env: Env) -> bool:
+    """`x.cpu()`, `x.to("cpu")`, `x.to(device="cpu")`."""
+    m = method_call(call)
+    return m is not None and (m[1] == "cpu" or (m[1] == "to" and bool(call.args) and is_cpu_arg(call.args[0].value, env)))

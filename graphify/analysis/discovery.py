@@ -39,6 +39,18 @@ def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     return children(node)
 
 
+def _mapped_lambda(node: cst.CSTNode, ancestors: tuple[cst.CSTNode, ...]) -> bool:
+    """`map(lambda x: x.to(device), batch)`: the lambda runs in the iteration, once per item."""
+    call = ancestors[-2] if len(ancestors) > 1 else None
+    return (
+        type(node) is cst.Lambda
+        and type(call) is cst.Call
+        and type(call.func) is cst.Name
+        and call.func.value in ("map", "filter")
+        and call.args[0].value is node
+    )
+
+
 # ---- analysis of one module --------------------------------------------------------------------
 
 
@@ -318,7 +330,7 @@ class ModuleAnalysis:
         while stack:
             node, ancestors = stack.pop()
             kind = type(node)
-            if kind in _SKIP and ancestors:
+            if kind in _SKIP and ancestors and not _mapped_lambda(node, ancestors):
                 continue
             if kind in LOOPS and node is not loop and skip_nested(node, block, ancestors):
                 continue

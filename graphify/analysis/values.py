@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphify.analysis.names import Aliases, dotted
+from graphify.analysis.containers import comprehension_tensor, elements_tensor
 from graphify.analysis.scope import Scope
 from graphify.analysis.tree import children, memo
 from graphify.analysis.vocabulary import (
@@ -34,10 +35,11 @@ from graphify.analysis.vocabulary import (
     kind_by_name,
 )
 
-# literals and dicts, as exact types (analysis/tree.py says why)
-_HOST_LITERALS = frozenset(
-    (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Dict, cst.DictComp)
-)
+# literals, as exact types (analysis/tree.py says why)
+_HOST_LITERALS = frozenset((cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
+# helpers that reduce or gather their argument across processes (`utils.reduce_dict(loss_dict)`,
+# `reduce_tensor(loss.data, n)`, `concat_all_gather(keys)`): a tensor in, a tensor of the same kind out
+_COLLECTIVE_HELPER = re.compile(r"(^|_)(reduce|gather)(_|$)")
 
 
 # loss scalers that own a GradScaler: torch's own, timm's and the MAE/DeiT helpers built on it
@@ -191,6 +193,10 @@ class Env:
             return None
         if type(expr) in _HOST_LITERALS:
             return False
+        if type(expr) is cst.Dict:  # a dict of tensors holds tensors, as a loss dict does
+            return self._any_tensor([e.value for e in expr.elements], depth)
+        if type(expr) is cst.DictComp:
+            return comprehension_tensor(self, expr, expr.value, depth)
         if isinstance(expr, cst.Name):
             if expr.value in self.tensors:
                 return True
@@ -265,8 +271,9 @@ class Env:
             return True
         qual = self.qualify(func)
         if qual in ("sum", "min", "max"):
-            parts = [self._tensor(a.value, depth + 1) for a in call.args]
-            return True if True in parts else (False if parts and all(p is False for p in parts) else None)
+            if len(call.args) == 1:  # sum(losses), sum(d.values()), max(x for x in ...): what the iterable yields
+                return elements_tensor(self, call.args[0].value, depth + 1)
+            return self._any_tensor([a.value for a in call.args], depth) if call.args else None
         if qual and qual.startswith(("numpy.", "math.", "random.", "time.")):
             return False
         if isinstance(func, cst.Attribute):
@@ -298,7 +305,15 @@ class Env:
         method = self._local_method(func)
         if method is not None:
             return self._returns_tensor(method, depth + 1)
+        last = (qual or dotted(func) or "").rsplit(".", 1)[-1]
+        if _COLLECTIVE_HELPER.search(last) and call.args and not (qual or "").startswith("torch."):
+            return True if self._tensor(call.args[0].value, depth + 1) is True else None
         return None
+
+    def _any_tensor(self, parts: list[cst.BaseExpression], depth: int) -> bool | None:
+        """Several values together (a dict's values, `max(a, b)`): tensors if one is, host if all are."""
+        verdicts = {self._tensor(p, depth + 1) for p in parts}
+        return True if True in verdicts else (False if verdicts <= {False} else None)
 
     def _local_method(self, func: cst.BaseExpression) -> cst.FunctionDef | None:
         """`runner.step` where `runner = LocalClass(...)`: that class's method."""

@@ -2,7 +2,7 @@
 
 import libcst as cst
 
-from graphify.analysis.checker import code_of, is_cpu_arg, is_device_arg, kwarg
+from graphify.analysis.checker import code_of, is_cpu_arg, is_device_arg, is_host_move, kwarg
 from graphify.analysis.calls import iter_nodes, method_call
 from graphify.analysis.names import dotted
 from graphify.analysis.scope import collect_scope
@@ -31,7 +31,7 @@ HOST_ARRAY_INDEX = rule(
     "host-array-index",
     "cross-device",
     "error",
-    "a tensor indexed with a numpy array: the index is copied to the device every step",
+    "a tensor indexed with a numpy array or a list of numbers: the index is copied to the device every step",
     False,
 )
 
@@ -127,22 +127,44 @@ def is_device_copy(call, env) -> bool:
     return env.kind_of(receiver) not in (MODEL, DDP, LOSS) and not env.is_host(receiver)
 
 
+def _module_brought_back(call, env, offloaded: set[str]) -> bool:
+    """`ema.to(device="cuda")` of a module that the step also moves to the host (`ema.to("cpu")`): its
+    weights cross twice every step. A module's `.to(device)` alone is a no-op once it is there."""
+    m = method_call(call)
+    if m is None or m[1] not in ("to", "cuda") or dotted(m[0]) not in offloaded or env.kind_of(m[0]) not in (MODEL, DDP):
+        return False
+    device = kwarg(call, "device") or (call.args[0].value if m[1] == "to" and call.args else None)
+    return m[1] == "cuda" or (device is not None and is_device_arg(device, env) and not is_cpu_arg(device, env))
+
+
 def _host_array(expr, env, depth=0) -> bool:
-    """A numpy array: made by a `numpy` call, a slice of one, or a name bound only to those."""
+    """A numpy array or a Python list of host numbers: made by a `numpy` call, a list literal or
+    comprehension of host values, a slice of one, or a name bound only to those (or to None, tested apart)."""
     if depth > 3:
         return False
     if isinstance(expr, cst.Call):
         qual = env.qualify(expr.func) or ""
         return qual.startswith("numpy.") and not qual.startswith("numpy.random.seed")
+    if isinstance(expr, cst.List):
+        return bool(expr.elements) and all(env.is_host(e.value) for e in expr.elements)
+    if isinstance(expr, cst.ListComp):
+        return env.is_host(expr.elt)
     if isinstance(expr, cst.Subscript):
         return _host_array(expr.value, env, depth + 1)
+    if isinstance(expr, cst.IfExp):
+        return _all_host_arrays([expr.body, expr.orelse], env, depth)
     name = dotted(expr) if isinstance(expr, cst.Name) else None
-    values = env.values_of(name) if name else []
+    return _all_host_arrays(env.values_of(name), env, depth) if name else False
+
+
+def _all_host_arrays(values, env, depth) -> bool:
+    values = [v for v in values if not (isinstance(v, cst.Name) and v.value == "None")]
     return bool(values) and all(_host_array(v, env, depth + 1) for v in values)
 
 
 def _host_array_index(node, env) -> bool:
-    """`tensor[np_indices]` (or `tensor[:, np_indices]`): torch turns the array into a host index tensor and copies it."""
+    """`tensor[indices]` (or `tensor[:, indices]`) with host indices: torch turns them into a host index
+    tensor and copies it."""
     return any(isinstance(el.slice, cst.Index) and _host_array(el.slice.value, env) for el in node.slice) and env.is_tensor(node.value)
 
 
@@ -153,13 +175,24 @@ def check(ck):
                 HOST_ARRAY_INDEX,
                 node,
                 site,
-                f"`{code_of(node)}` indexes a tensor with a numpy array, copied to the device every step",
+                f"`{code_of(node)}` indexes a tensor with host indices, copied to the device every step",
                 "make the indices a device tensor (`torch.randperm(n, device=device)`, or copy them into a static device buffer)",
             )
     step_values = collect_scope(ck.loop.node.body).values
     yield from _batches_handed_to_device_helpers(ck, step_values)
+    offloaded = {dotted(call.func.value) for call, site in ck.calls() if is_host_move(call, site.env)} - {None}
     for call, site in ck.calls():
         env = site.env
+        if _module_brought_back(call, env, offloaded):
+            yield ck.finding(
+                STEP_INPUT_COPY,
+                call,
+                site,
+                f"`{code_of(call)}` copies a module the step offloads back to the device every step",
+                "keep the module on the device during training; offload it between epochs, if at all",
+                False,
+            )
+            continue
         if not is_device_copy(call, env):
             continue
         receiver = call.func.value

@@ -4,13 +4,15 @@ import libcst as cst
 
 from graphify.analysis.checker import (
     code_of,
-    is_cpu_arg,
+    is_host_move,
     is_logging_call,
     is_true,
     kwarg,
 )
 from graphify.analysis.calls import method_call
+from graphify.analysis.names import dotted
 from graphify.analysis.vocabulary import DDP, LOSS, MODEL
+from graphify.rules.host_tensors import host_batch_names, model_output, on_host
 from graphify.rules.registry import rule
 
 ITEM = rule("GFY001", "tensor-item", "host-sync", "error", "`.item()` on a tensor copies it to the host and waits for the GPU", True)
@@ -68,6 +70,16 @@ _DYNAMIC = {"nonzero", "unique", "unique_consecutive", "argwhere", "masked_selec
 _READ_AFTER = "read it after the step (graphify rewrite reads the graph's static output after each replay)"
 
 
+def _library_metric(receiver: cst.BaseExpression, env) -> bool:
+    """A Hugging Face `evaluate` metric (`evaluate.load("glue")`, `datasets.load_metric`): it converts the
+    tensors it is fed to Python and NumPy data."""
+    name = dotted(receiver)
+    return bool(name) and any(
+        isinstance(v, cst.Call) and ((env.qualify(v.func) or "").startswith("evaluate.") or env.qualify(v.func) == "datasets.load_metric")
+        for v in env.values_of(name)
+    )
+
+
 def _is_boolean_mask(index: cst.BaseExpression, env) -> bool:
     if isinstance(index, cst.Comparison) or (isinstance(index, cst.UnaryOperation) and isinstance(index.operator, cst.BitInvert)):
         return env.is_tensor(index)
@@ -91,10 +103,11 @@ def _assigned_a_scalar(site) -> bool:
 
 
 def check(ck):
+    host_batch = host_batch_names(ck)
     for node, site in ck.nodes():
         env = site.env
         if isinstance(node, cst.Call):
-            yield from _check_call(ck, node, site, env)
+            yield from _check_call(ck, node, site, env, host_batch)
         elif isinstance(node, cst.FormattedStringExpression) and env.is_tensor(node.expression):
             if not any(isinstance(a, cst.Call) and is_logging_call(a, env) for a in site.ancestors):
                 yield ck.finding(
@@ -103,6 +116,19 @@ def check(ck):
                     site,
                     f"tensor `{code_of(node.expression)}` formatted into a string",
                     f"format `{code_of(node.expression)}.item()` outside the step, or log the tensor after the replay",
+                    ck.host_read_removable(node, site),
+                )
+        elif isinstance(node, cst.Subscript) and site.block is ck.region.body_block and on_host(node.value, host_batch):
+            device_index = [
+                el.slice.value for el in node.slice if isinstance(el.slice, cst.Index) and model_output(el.slice.value, ck, env)
+            ]
+            if device_index:
+                yield ck.finding(
+                    TO_CPU,
+                    node,
+                    site,
+                    f"`{code_of(node)}` indexes a host tensor with device tensor `{code_of(device_index[0])}`, copied to the host",
+                    "move the host tensor to the device before the step, or index it after the step",
                     ck.host_read_removable(node, site),
                 )
         elif isinstance(node, cst.Subscript) and env.is_tensor(node.value) and not _assigned_a_scalar(site):
@@ -117,22 +143,29 @@ def check(ck):
                     )
 
 
-def _check_call(ck, call, site, env):
+def _check_call(ck, call, site, env, host_batch):
     m = method_call(call)
     qual = env.qualify(call.func) or ""
     if m is not None:
         receiver, name = m
         kind = env.kind_of(receiver)
         subject = code_of(receiver)
-        if name == "item" and not call.args and not env.is_host(receiver) and kind is None:
+        if site.block is ck.region.body_block and on_host(receiver, host_batch):
+            pass  # a batch item the step never moved to the device: reading it waits for nothing
+        elif name == "item" and not call.args and not env.is_host(receiver) and kind is None:
             yield ck.finding(ITEM, call, site, f"`{subject}.item()` waits for the GPU", _READ_AFTER, ck.host_read_removable(call, site))
         elif name == "tolist" and env.is_tensor(receiver):
             yield ck.finding(TOLIST, call, site, f"`{subject}.tolist()` waits for the GPU", _READ_AFTER, ck.host_read_removable(call, site))
-        elif (
-            (name == "cpu" or (name == "to" and call.args and is_cpu_arg(call.args[0].value, env)))
-            and kind not in (MODEL, DDP, LOSS)
-            and not env.is_host(receiver)
-        ):
+        elif is_host_move(call, env) and kind in (MODEL, DDP):
+            yield ck.finding(
+                TO_CPU,
+                call,
+                site,
+                f"`{code_of(call)}` copies the module's weights to the host every step",
+                "keep the module on the device during training; offload it between epochs, if at all",
+                False,
+            )
+        elif is_host_move(call, env) and kind != LOSS and not env.is_host(receiver):
             yield ck.finding(TO_CPU, call, site, f"`{code_of(call)}` copies to the host", _READ_AFTER, ck.host_read_removable(call, site))
         elif name == "numpy" and not env.is_host(receiver) and kind is None:
             yield ck.finding(
@@ -155,6 +188,17 @@ def _check_call(ck, call, site, env):
                 f"`{code_of(call)}` has a data-dependent output size",
                 "use fixed-size alternatives (`torch.where(mask, x, 0)`, masks multiplied in) or move this out of the step",
             )
+        if name in ("add_batch", "add", "compute") and _library_metric(receiver, env):
+            fed = [a.value for a in call.args if env.is_tensor(a.value)]
+            if fed:
+                yield ck.finding(
+                    TO_CPU,
+                    call,
+                    site,
+                    f"`{subject}.{name}(...)` converts `{code_of(fed[0])}` to host data",
+                    "feed the metric after the step (graphify rewrite reads the graph's static output after each replay)",
+                    ck.host_read_removable(call, site),
+                )
     last = qual.rsplit(".", 1)[-1]
     if qual.startswith("torch.") and (last in _DYNAMIC or (last == "where" and len(call.args) == 1)):
         yield ck.finding(
