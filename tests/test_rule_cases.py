@@ -287,6 +287,31 @@ CASES = {
             opt.step()
         """,
     ),
+    "GFY703-param-group-hyperparameter": (
+        "GFY703",
+        """
+        wd_schedule = np.linspace(0.04, 0.4, 1000)
+        for it, (x, y) in enumerate(loader):
+            for i, group in enumerate(opt.param_groups):
+                group["lr"] = 0.1 / (it + 1)
+                group["weight_decay"] = wd_schedule[it]  # here
+            opt.param_groups[0]["momentum"] = 0.9 + it / 1e4  # here
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+        """,
+        """
+        for epoch in range(10):
+            for group in opt.param_groups:
+                group["weight_decay"] = 0.1 * epoch
+            for it, (x, y) in enumerate(loader):
+                stats = {}
+                stats["momentum"] = it / 1e4
+                for group in opt.param_groups:
+                    group["weight_decay"] = 0.0
+                criterion(model(x), y).backward()
+                opt.step(); opt.zero_grad()
+        """,
+    ),
     "GFY701-counter-index": (
         "GFY701",
         """

@@ -215,6 +215,53 @@ def _host_interactions(ck):
             yield ck.finding(HOST_SIDE_EFFECT, node, site, message, FIXES["GFY702"], False)
 
 
+_HYPERPARAMETERS = {"weight_decay", "momentum", "betas", "eps", "dampening"}  # "lr" is GFY412's
+
+
+def _param_group_key(target: cst.BaseExpression, site) -> str | None:
+    """The key of `opt.param_groups[0]["weight_decay"]`, or of `group["momentum"]` inside
+    `for group in opt.param_groups:`."""
+    if not isinstance(target, cst.Subscript) or len(target.slice) != 1 or not isinstance(target.slice[0].slice, cst.Index):
+        return None
+    key = target.slice[0].slice.value
+    if not isinstance(key, cst.SimpleString):
+        return None
+    group = target.value
+    if isinstance(group, cst.Subscript):
+        group = group.value  # opt.param_groups[0]
+    elif isinstance(group, cst.Name):
+        loops = [
+            a
+            for a in site.ancestors
+            if isinstance(a, cst.For) and any(n is not group and _same_name(n, group) for n in iter_nodes(a.target))
+        ]
+        group = loops[-1].iter if loops else None
+    in_groups = group is not None and any(isinstance(n, cst.Attribute) and n.attr.value == "param_groups" for n in iter_nodes(group))
+    return key.value.strip("'\"") if in_groups else None
+
+
+def _same_name(node: cst.CSTNode, name: cst.Name) -> bool:
+    return isinstance(node, cst.Name) and node.value == name.value
+
+
+def _hyperparameters_set(ck):
+    """`param_group["weight_decay"] = wd_schedule[it]` in the loop: the optimizer step reads the value on the
+    host, so the captured step keeps the one it was captured with."""
+    for node, site in ck.nodes():
+        if not isinstance(node, cst.Assign) or isinstance(node.value, (cst.Integer, cst.Float)):
+            continue
+        key = next((k for t in node.targets if (k := _param_group_key(t.target, site)) in _HYPERPARAMETERS), None)
+        if key is not None:
+            yield ck.finding(
+                MUTATED_STATE,
+                node,
+                site,
+                f"`{code_of(node)}` changes the optimizer's `{key}` in the loop; the captured step keeps the value it was captured with",
+                "keep it constant while the step loop runs (change it between epochs)",
+                False,
+            )
+
+
 def _is_number(name: str, ck) -> bool:
     """A counter that holds a number (`step`, `t = T - 1 - i`), not index arrays sliced from it."""
     values = ck.body_env.values_of(name)
@@ -252,6 +299,7 @@ def _counter_indexed_tensors(ck):
 def check(ck):
     yield from _host_random_draws(ck)
     yield from _host_interactions(ck)
+    yield from _hyperparameters_set(ck)
     yield from _counter_indexed_tensors(ck)
     for node, site in ck.nodes():
         if isinstance(node, cst.Call) and is_delegated_step(node, site.env) and site.env.kind_of(node.func) != SCALER:
