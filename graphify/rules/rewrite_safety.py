@@ -157,11 +157,19 @@ def _after_first_gpu_work(ck, node: cst.CSTNode, site) -> bool:
     return _statement_position(ck, node, site) > _statement_position(ck, first, first_site)
 
 
-def _after_gpu_statement(ck, node: cst.CSTNode, site) -> bool:
-    """In a statement of the loop body after one that already does GPU work (a device copy, zero_grad)."""
+def _draws_step_input(ck, node: cst.CSTNode, site) -> bool:
+    """Drawn where the rewrite leaves it eager: every way the loop body reaches it lies in a statement
+    before the one that starts the step's work, and after one that already does GPU work (a device copy,
+    zero_grad)."""
+    if ck.first_gpu_position >= len(ck.region.nodes):
+        return False
+    first = _statement_position(ck, *ck.region.nodes[ck.first_gpu_position])
+    anchors = [node] if site.block is ck.region.body_block else ck.region.body_calls_of(site)
+    at = [_statement_position(ck, a, ck.region.nodes[ck.position(a)][1]) for a in anchors]
+    if not at or max(at) >= first:
+        return False
     body = ck.loop.node.body.body if isinstance(ck.loop.node.body, cst.IndentedBlock) else ()
-    here = _statement_position(ck, node, site)
-    before = [s for s in body if ck.position(s) <= here][:-1]
+    before = [s for s in body if ck.position(s) <= min(at)][:-1]
     return any(does_gpu_work(s, ck.body_env) for s in before)
 
 
@@ -179,7 +187,7 @@ def _host_random_draws(ck):
         message = f"`{code_of(node)}` draws a host random number in the step; capture would draw it once"
         if _after_first_gpu_work(ck, node, site) or _decides_gpu_work(node, site):
             yield ck.finding(HOST_SIDE_EFFECT, node, site, message, FIXES["GFY702"], False)
-        elif _after_gpu_statement(ck, node, site):
+        elif _draws_step_input(ck, node, site):
             yield ck.finding(
                 HOST_SIDE_EFFECT, node, site, message, "graphify rewrite draws it before each replay; or draw it on the device"
             )
