@@ -116,7 +116,8 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
                 continue
             flagged.add(id(refusal.node))
             fix = FIXES.get(refusal.rule.code, "see `graphify rule " + refusal.rule.code + "`")
-            finding = Finding(refusal.rule, refusal.node, _module_of(loop, refusal.node), str(refusal), fix)
+            # what the planner refuses, the rewrite does not remove
+            finding = Finding(refusal.rule, refusal.node, _module_of(loop, refusal.node), str(refusal), fix, False)
             if reported(finding):
                 analysis.findings.append(finding)
         if analysis.verdict == Verdict.NOT_CAPTURABLE:

@@ -701,6 +701,81 @@ CASES = {
             opt.step(); opt.zero_grad()
         """,
     ),
+    "GFY702-rl-env-and-replay-buffer": (
+        "GFY702",
+        """
+        import gymnasium as gym
+        from stable_baselines3.common.buffers import ReplayBuffer
+        envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")])
+        rb = ReplayBuffer(1000, envs.single_observation_space, envs.single_action_space, "cuda")
+        obs, _ = envs.reset()
+        for step in range(1000):
+            if step < 100:
+                actions = envs.single_action_space.sample()  # here
+            else:
+                q_values = model(torch.Tensor(obs))
+                actions = q_values.argmax(1).numpy()
+            next_obs, rewards, terms, truncs, infos = envs.step(actions)  # here
+            rb.add(obs, next_obs, actions, rewards, terms, infos)  # here
+            obs = next_obs
+            data = rb.sample(32)  # here
+            criterion(model(data.observations), data.actions).backward()
+            opt.step(); opt.zero_grad()
+        """,
+        """
+        import gymnasium as gym
+        env = gym.make("CartPole-v1")
+        obs, _ = env.reset()
+        with torch.no_grad():
+            for step in range(1000):
+                action = model(torch.Tensor(obs)).argmax().item()
+                obs, reward, term, trunc, info = env.step(action)
+                if term or trunc:
+                    obs, _ = env.reset()
+        """,
+    ),
+    "GFY702-noise-drawn-after-zero-grad": (
+        "GFY702",
+        """
+        for x, y in loader:
+            opt.zero_grad()
+            z = torch.from_numpy(np.random.normal(0, 1, (8, 4))).float()  # here
+            criterion(model(z), y).backward()
+            opt.step()
+        """,
+        """
+        for x, y in loader:
+            z = torch.from_numpy(np.random.normal(0, 1, (8, 4))).float()
+            opt.zero_grad()
+            criterion(model(z), y).backward()
+            opt.step()
+        """,
+    ),
+    "GFY703-param-group-hyperparameter": (
+        "GFY703",
+        """
+        wd_schedule = np.linspace(0.04, 0.4, 1000)
+        for it, (x, y) in enumerate(loader):
+            for i, group in enumerate(opt.param_groups):
+                group["lr"] = 0.1 / (it + 1)
+                group["weight_decay"] = wd_schedule[it]  # here
+            opt.param_groups[0]["momentum"] = 0.9 + it / 1e4  # here
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+        """,
+        """
+        for epoch in range(10):
+            for group in opt.param_groups:
+                group["weight_decay"] = 0.1 * epoch
+            for it, (x, y) in enumerate(loader):
+                stats = {}
+                stats["momentum"] = it / 1e4
+                for group in opt.param_groups:
+                    group["weight_decay"] = 0.0
+                criterion(model(x), y).backward()
+                opt.step(); opt.zero_grad()
+        """,
+    ),
     "GFY701-counter-index": (
         "GFY701",
         """

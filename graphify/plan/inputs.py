@@ -52,8 +52,10 @@ def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enc
                     inputs.append(name)
                 elif not _only_in_keys(name, plan, body):
                     why = f"the step reads `{name}`, a host value that changes between steps; capture would freeze it"
+                    # a statement split by the planner (`x_tensor = model(x).argmax()`) is not in the source: its original is
+                    originals = {id(plan.hoisted[i][0]): body[i] for i in plan.hoisted}
                     for reader in _statements_reading(name, graph_stmts) or [None]:
-                        refuse(PER_STEP_HOST_VALUE, reader, why)
+                        refuse(PER_STEP_HOST_VALUE, originals.get(id(reader), reader), why)
                 continue
             inputs.append(name)
     plan.inputs = _in_source_order(inputs + [name for name, _ in plan.draws.values()], graph_stmts)

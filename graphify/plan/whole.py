@@ -52,6 +52,7 @@ from graphify.rules.distributed import DDP_MODEL
 from graphify.rules.rewrite_safety import (
     HOST_BRANCH_IN_STEP,
     LOOP_SHAPE,
+    MUTATED_STATE,
     ORDER,
     PER_STEP_HOST_VALUE,
 )
@@ -364,6 +365,7 @@ def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStat
             if (
                 f.rule.code not in FIXED_IN_PLACE
                 and f.rule.category != "dynamic-shape"
+                and f.rule is not MUTATED_STATE  # state the step reads, wherever the loop changes it
                 and all(any(contains(s, anchor) for s in body) for anchor in anchors)
                 and not any(contains(s, anchor) for s in captured for anchor in anchors)
             ):

@@ -6,12 +6,15 @@ a pattern of their own: `check` reports every per-step host value, host side eff
 the step handed to code the analysis cannot see.
 """
 
+import re
+
 import libcst as cst
 
-from graphify.analysis.calls import is_delegated_step, is_periodic_gpu_branch, iter_nodes
+from graphify.analysis.calls import is_delegated_step, is_model_call, is_periodic_gpu_branch, is_step_op, iter_nodes, method_call
 from graphify.analysis.checker import code_of
+from graphify.analysis.names import dotted
 from graphify.analysis.statements import does_gpu_work
-from graphify.analysis.vocabulary import SCALER
+from graphify.analysis.vocabulary import DDP, ENV, HOST_METHODS, MODEL, SCALER
 from graphify.rules.registry import rule
 
 PER_STEP_HOST_VALUE = rule(
@@ -28,7 +31,7 @@ HOST_SIDE_EFFECT = rule(
     "rewrite-safety",
     "error",
     "the step calls something with host side effects (`next`, `random`, numpy RNG, time, I/O); capture would run it once",
-    False,
+    True,  # only host draws that build the step's inputs: the rewrite draws them before each replay
 )
 MUTATED_STATE = rule(
     "GFY703",
@@ -85,14 +88,54 @@ FIXES = {
 
 
 HOST_RANDOM = ("random.", "numpy.random.")  # modules whose calls draw from a host generator
+ENV_METHODS = {"step", "reset", "step_async", "step_wait", "render"}  # a (gym) environment simulating on the host
+_BUFFER_METHODS = {"add", "sample", "push", "extend", "store"}
+_BUFFER_CLASS = re.compile(r"\w*(Replay|Rollout)(Buffer|Memory)$")
+_BUFFER_NAME = re.compile(r"^(self\.)?(rb|replay_buffer|replay_memory|rollout_buffer)$")
+
+
+def is_host_draw(call: cst.Call, env) -> bool:
+    """Python or numpy RNG, or a gym space's `sample()` (`env.action_space.sample()`, numpy underneath)."""
+    if (env.qualify(call.func) or "").startswith(HOST_RANDOM):
+        return True
+    m = method_call(call)
+    return m is not None and m[1] == "sample" and isinstance(m[0], cst.Attribute) and m[0].attr.value.endswith("_space")
+
+
+def _is_replay_buffer(ck, receiver: cst.BaseExpression, env) -> bool:
+    if env.is_tensor(receiver):
+        return False
+    built = ck.construction(receiver, env)
+    if built is not None:
+        call, module = built
+        return bool(_BUFFER_CLASS.match((module.aliases.qualify(call.func) or "").rsplit(".", 1)[-1]))
+    return bool(_BUFFER_NAME.match(dotted(receiver) or ""))
+
+
+def _host_interaction(ck, call: cst.Call, env) -> str | None:
+    """What an environment step or a replay-buffer call does on the host, or None."""
+    m = method_call(call)
+    if m is None:
+        return None
+    if m[1] in ENV_METHODS and env.kind_of(m[0]) == ENV:
+        return "runs the environment on the host"
+    if m[1] in _BUFFER_METHODS and _is_replay_buffer(ck, m[0], env):
+        return "draws from a host replay buffer" if m[1] == "sample" else "writes a host replay buffer"
+    return None
 
 
 def _decides_gpu_work(node: cst.CSTNode, site) -> bool:
-    """In the test of an `if` that launches GPU work in one of its branches."""
+    """In the test of an `if` that launches GPU work in one of its branches, or in a branch without GPU
+    work whose alternative has some (an epsilon-greedy action drawn on the host instead of the policy's)."""
     branch = next((a for a in reversed(site.ancestors) if isinstance(a, cst.If)), None)
-    if branch is None or not any(n is node for n in iter_nodes(branch.test)):
+    if branch is None:
         return False
-    return does_gpu_work(branch.body, site.env) or (branch.orelse is not None and does_gpu_work(branch.orelse, site.env))
+    if any(n is node for n in iter_nodes(branch.test)):
+        return does_gpu_work(branch.body, site.env) or (branch.orelse is not None and does_gpu_work(branch.orelse, site.env))
+    if branch.orelse is None:
+        return False
+    inside, other = (branch.body, branch.orelse) if any(a is branch.body for a in site.ancestors) else (branch.orelse, branch.body)
+    return does_gpu_work(other, site.env) and not does_gpu_work(inside, site.env)
 
 
 def _statement_position(ck, node: cst.CSTNode, site) -> int:
@@ -114,22 +157,116 @@ def _after_first_gpu_work(ck, node: cst.CSTNode, site) -> bool:
     return _statement_position(ck, node, site) > _statement_position(ck, first, first_site)
 
 
+def _draws_step_input(ck, node: cst.CSTNode, site) -> bool:
+    """Drawn where the rewrite leaves it eager: every way the loop body reaches it lies in a statement
+    before the one that starts the step's work, and after one that already does GPU work (a device copy,
+    zero_grad)."""
+    if ck.first_gpu_position >= len(ck.region.nodes):
+        return False
+    first = _statement_position(ck, *ck.region.nodes[ck.first_gpu_position])
+    anchors = [node] if site.block is ck.region.body_block else ck.region.body_calls_of(site)
+    at = [_statement_position(ck, a, ck.region.nodes[ck.position(a)][1]) for a in anchors]
+    if not at or max(at) >= first:
+        return False
+    body = ck.loop.node.body.body if isinstance(ck.loop.node.body, cst.IndentedBlock) else ()
+    before = [s for s in body if ck.position(s) <= min(at)][:-1]
+    return any(does_gpu_work(s, ck.body_env) for s in before)
+
+
 def _host_random_draws(ck):
-    """Python or numpy RNG drawn inside the step (after its first GPU work, or deciding whether GPU work
-    runs): capture draws once and every replay repeats that outcome. Draws that build the step's inputs
-    before its first GPU work stay eager in the rewrite and are not reported."""
+    """Python or numpy RNG drawn inside the step. After its first GPU work, or deciding whether GPU work
+    runs, capture draws once and every replay repeats that outcome. Between the step's first GPU
+    statements and its first model call (noise drawn after `zero_grad()`), the draw builds the step's
+    inputs: the rewrite draws it before each replay. Draws before any GPU work fetch the batch and are not
+    reported."""
     for node, site in ck.nodes():
-        if not isinstance(node, cst.Call) or not (site.env.qualify(node.func) or "").startswith(HOST_RANDOM):
+        if not isinstance(node, cst.Call) or not is_host_draw(node, site.env):
             continue
         if any(isinstance(a, cst.If) and is_periodic_gpu_branch(a, site.env) for a in site.ancestors):
             continue  # evaluation or sampling every N steps runs eagerly between replays (GFY502)
+        message = f"`{code_of(node)}` draws a host random number in the step; capture would draw it once"
         if _after_first_gpu_work(ck, node, site) or _decides_gpu_work(node, site):
+            yield ck.finding(HOST_SIDE_EFFECT, node, site, message, FIXES["GFY702"], False)
+        elif _draws_step_input(ck, node, site):
             yield ck.finding(
-                HOST_SIDE_EFFECT,
+                HOST_SIDE_EFFECT, node, site, message, "graphify rewrite draws it before each replay; or draw it on the device"
+            )
+
+
+_MODULE_UPKEEP = {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "requires_grad_", "apply", "load_state_dict"}
+
+
+def _runs_model(call: cst.Call, env) -> bool:
+    """A model called, or one of its methods that computes (`actor.get_action(obs)`, not `model.to(device)`)."""
+    m = method_call(call)
+    if m is not None and m[1] not in HOST_METHODS | _MODULE_UPKEEP and env.kind_of(m[0]) in (MODEL, DDP):
+        return True
+    return is_model_call(call, env)
+
+
+def _host_interactions(ck):
+    """An environment step or a replay-buffer call after the step has run a model and before its last
+    backward/optimizer step (an RL loop acting, storing and sampling between the policy's forward and the
+    update; for inference, before its last model call): capture would run it once. Before the model runs
+    such calls fetch the step's inputs, after the step they use its outputs: both stay eager."""
+    models = steps = None
+    for node, site in ck.calls():
+        what = _host_interaction(ck, node, site.env)
+        if what is None:
+            continue
+        if models is None:
+            models = [_statement_position(ck, n, s) for n, s in ck.calls() if _runs_model(n, s.env)]
+            steps = [_statement_position(ck, n, s) for n, s in ck.calls() if is_step_op(n, s.env)] if ck.loop.kind == "train" else models
+        here = _statement_position(ck, node, site)
+        if any(p < here for p in models) and any(p > here for p in steps):
+            message = f"`{code_of(node)}` {what} in the step; capture would run it once"
+            yield ck.finding(HOST_SIDE_EFFECT, node, site, message, FIXES["GFY702"], False)
+
+
+_HYPERPARAMETERS = {"weight_decay", "momentum", "betas", "eps", "dampening"}  # "lr" is GFY412's
+
+
+def _param_group_key(target: cst.BaseExpression, site) -> str | None:
+    """The key of `opt.param_groups[0]["weight_decay"]`, or of `group["momentum"]` inside
+    `for group in opt.param_groups:`."""
+    if not isinstance(target, cst.Subscript) or len(target.slice) != 1 or not isinstance(target.slice[0].slice, cst.Index):
+        return None
+    key = target.slice[0].slice.value
+    if not isinstance(key, cst.SimpleString):
+        return None
+    group = target.value
+    if isinstance(group, cst.Subscript):
+        group = group.value  # opt.param_groups[0]
+    elif isinstance(group, cst.Name):
+        loops = [
+            a
+            for a in site.ancestors
+            if isinstance(a, cst.For) and any(n is not group and _same_name(n, group) for n in iter_nodes(a.target))
+        ]
+        group = loops[-1].iter if loops else None
+    in_groups = group is not None and any(isinstance(n, cst.Attribute) and n.attr.value == "param_groups" for n in iter_nodes(group))
+    return key.value.strip("'\"") if in_groups else None
+
+
+def _same_name(node: cst.CSTNode, name: cst.Name) -> bool:
+    return isinstance(node, cst.Name) and node.value == name.value
+
+
+def _hyperparameters_set(ck):
+    """`param_group["weight_decay"] = wd_schedule[it]` in the loop: the optimizer step reads the value on the
+    host, so the captured step keeps the one it was captured with."""
+    for node, site in ck.nodes():
+        if not isinstance(node, cst.Assign) or isinstance(node.value, (cst.Integer, cst.Float)):
+            continue
+        key = next((k for t in node.targets if (k := _param_group_key(t.target, site)) in _HYPERPARAMETERS), None)
+        if key is not None:
+            yield ck.finding(
+                MUTATED_STATE,
                 node,
                 site,
-                f"`{code_of(node)}` draws a host random number in the step; capture would draw it once",
-                FIXES["GFY702"],
+                f"`{code_of(node)}` changes the optimizer's `{key}` in the loop; the captured step keeps the value it was captured with",
+                "keep it constant while the step loop runs (change it between epochs)",
+                False,
             )
 
 
@@ -169,6 +306,8 @@ def _counter_indexed_tensors(ck):
 
 def check(ck):
     yield from _host_random_draws(ck)
+    yield from _host_interactions(ck)
+    yield from _hyperparameters_set(ck)
     yield from _counter_indexed_tensors(ck)
     for node, site in ck.nodes():
         if isinstance(node, cst.Call) and is_delegated_step(node, site.env) and site.env.kind_of(node.func) != SCALER:
