@@ -8,7 +8,8 @@ import libcst as cst
 
 from graphify.analysis.names import dotted
 from graphify.analysis.tree import children, memo
-from graphify.analysis.values import Env, _returns
+from graphify.analysis.values import Env
+from graphify.analysis.tree import returns
 from graphify.analysis.vocabulary import DDP, ENV, LOADER, MODEL, OPTIMIZER, SCALER
 
 NO_GRAD = ("no_grad", "inference_mode")
@@ -213,7 +214,19 @@ def returned_closure(name: str, env: Env) -> tuple[cst.FunctionDef, cst.Function
         if type(value) is cst.Call and type(value.func) is cst.Name and value.func.value in module.functions:
             factory = module.functions[value.func.value]
             inner = nested_functions(factory)
-            for ret in _returns(factory):
+            for ret in returns(factory):
                 if type(ret.value) is cst.Name and ret.value.value in inner:
                     return inner[ret.value.value], factory, value
     return None
+
+
+def is_mapped_lambda(node: cst.CSTNode, ancestors: tuple[cst.CSTNode, ...]) -> bool:
+    """`map(lambda x: x.to(device), batch)`: the lambda runs in the iteration, once per item."""
+    call = ancestors[-2] if len(ancestors) > 1 else None
+    return (
+        type(node) is cst.Lambda
+        and type(call) is cst.Call
+        and type(call.func) is cst.Name
+        and call.func.value in ("map", "filter")
+        and call.args[0].value is node
+    )

@@ -7,6 +7,7 @@ from typing import Iterator
 import libcst as cst
 
 from graphify.analysis.names import dotted
+from graphify.analysis.tree import returns
 from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import KNOWN_OPTIMIZERS
 
@@ -48,21 +49,9 @@ def _call_constructions(call: cst.Call, env: Env, depth: int) -> Iterator[tuple[
         builder = module.function_info(module.functions[func], None)
         inner = builder.new_env()
         inner.module = module
-        for value in _returned_values(builder.node.body):
+        for value in (r.value for r in returns(builder.node)):
             yield from optimizer_constructions(value, inner, depth + 1)
         return
     classes = [env.qualify(v) or "" for v in env.values_of(func)] or [qual]
     for held in classes:
         yield held.rsplit(".", 1)[-1], call, module
-
-
-def _returned_values(block: cst.BaseSuite) -> Iterator[cst.BaseExpression]:
-    """The values of a function's `return` statements, not those of functions nested in it."""
-    stack = [block]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Return):
-            if node.value is not None:
-                yield node.value
-        elif not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            stack.extend(node.children)

@@ -20,6 +20,7 @@ from graphify.analysis.calls import (
     local_function,
     _mentions_no_grad,
     returned_closure,
+    is_mapped_lambda,
     is_model_call,
     is_no_grad_item,
     is_periodic_gpu_branch,
@@ -35,22 +36,6 @@ LOOPS = frozenset({cst.For, cst.While})
 _SKIP = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 
 
-def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    return children(node)
-
-
-def _mapped_lambda(node: cst.CSTNode, ancestors: tuple[cst.CSTNode, ...]) -> bool:
-    """`map(lambda x: x.to(device), batch)`: the lambda runs in the iteration, once per item."""
-    call = ancestors[-2] if len(ancestors) > 1 else None
-    return (
-        type(node) is cst.Lambda
-        and type(call) is cst.Call
-        and type(call.func) is cst.Name
-        and call.func.value in ("map", "filter")
-        and call.args[0].value is node
-    )
-
-
 # ---- analysis of one module --------------------------------------------------------------------
 
 
@@ -61,7 +46,7 @@ class ModuleAnalysis:
     # Loop sites with their enclosing function/class and ancestors.
     def loop_sites(self) -> Iterator[tuple[cst.For | cst.While, FunctionInfo, tuple[cst.CSTNode, ...]]]:
         def visit(node, func_node, cls, ancestors):
-            for child in _children(node):
+            for child in children(node):
                 kind = type(child)
                 if kind is cst.FunctionDef:
                     yield from visit(child, child, cls, ancestors + (child,))
@@ -199,7 +184,7 @@ class ModuleAnalysis:
         sites: dict[str, tuple[cst.Call, FunctionInfo]] = {}
 
         def visit(node, func_node, cls):
-            for child in _children(node):
+            for child in children(node):
                 kind = type(child)
                 if kind is cst.FunctionDef:
                     visit(child, child, cls)
@@ -330,7 +315,7 @@ class ModuleAnalysis:
         while stack:
             node, ancestors = stack.pop()
             kind = type(node)
-            if kind in _SKIP and ancestors and not _mapped_lambda(node, ancestors):
+            if kind in _SKIP and ancestors and not is_mapped_lambda(node, ancestors):
                 continue
             if kind in LOOPS and node is not loop and skip_nested(node, block, ancestors):
                 continue
@@ -344,7 +329,7 @@ class ModuleAnalysis:
                 elif callee is not None and repeats is not None:
                     repeats.setdefault(id(callee.func.node), []).append((node, Site(block, ancestors)))
             child_ancestors = ancestors + (node,)
-            kids = _children(node)
+            kids = children(node)
             if isinstance(node, cst.For) and node is loop:
                 kids = [node.body]  # the iterable is evaluated once, before the loop
             stack.extend((k, child_ancestors) for k in reversed(kids))

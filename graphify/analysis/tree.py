@@ -89,3 +89,25 @@ def forget() -> None:
     """Drop the memos (between modules), so a long run does not keep old trees alive."""
     for table in _MEMOS:
         table.clear()
+
+
+def simple_statements(body: cst.CSTNode):
+    """The simple statement lines of a function or module body, nested functions and classes left out."""
+    stack = list(children(body))
+    while stack:
+        node = stack.pop()
+        if type(node) is cst.SimpleStatementLine:
+            yield node
+        elif type(node) not in (cst.FunctionDef, cst.ClassDef) and not isinstance(node, cst.BaseSmallStatement):
+            stack.extend(children(node))
+
+
+def returns(fn: cst.FunctionDef):
+    """The `return value` statements of a function, not those of functions nested in it."""
+    stack = list(children(fn.body))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Return) and node.value is not None:
+            yield node
+        elif not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            stack.extend(children(node))

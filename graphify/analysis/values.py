@@ -13,7 +13,7 @@ import libcst as cst
 from graphify.analysis.names import Aliases, dotted
 from graphify.analysis.containers import comprehension_tensor, elements_tensor
 from graphify.analysis.scope import Scope
-from graphify.analysis.tree import children, memo
+from graphify.analysis.tree import memo, returns, simple_statements
 from graphify.analysis.vocabulary import (
     ACCELERATOR,
     CONFIG_ROOTS,
@@ -115,7 +115,7 @@ class Env:
         found = _EVAL_RECEIVERS.get(id(body))
         if found is None or found[0] is not body:
             names = set()
-            for stmt in _statements(body):
+            for stmt in simple_statements(body):
                 call = stmt.body[0].value if type(stmt.body[0]) is cst.Expr else None
                 if type(call) is cst.Call and type(call.func) is cst.Attribute and call.func.attr.value == "eval" and not call.args:
                     names.add(dotted(call.func.value))
@@ -339,7 +339,7 @@ class Env:
         env.module = self.module
         env.infer({}, info.scope, depth + 1)
         verdicts = set()
-        for node in _returns(fn):
+        for node in returns(fn):
             value = node.value
             parts = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
             verdicts.update(env._tensor(p, depth + 1) for p in parts)
@@ -368,27 +368,6 @@ class Env:
 
 
 _EVAL_RECEIVERS: dict[int, tuple[cst.CSTNode, set[str]]] = memo()
-
-
-def _statements(body: cst.CSTNode):
-    """The simple statement lines of a function or module body, nested functions and classes left out."""
-    stack = list(children(body))
-    while stack:
-        node = stack.pop()
-        if type(node) is cst.SimpleStatementLine:
-            yield node
-        elif type(node) not in (cst.FunctionDef, cst.ClassDef) and not isinstance(node, cst.BaseSmallStatement):
-            stack.extend(children(node))
-
-
-def _returns(fn: cst.FunctionDef):
-    stack = list(children(fn.body))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Return) and node.value is not None:
-            yield node
-        elif not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            stack.extend(children(node))
 
 
 def is_module_class(cls: cst.ClassDef, classes: dict[str, cst.ClassDef], depth: int = 0) -> bool:

@@ -6,7 +6,7 @@ from graphify.analysis.calls import local_function
 from graphify.analysis.checker import code_of, is_true, kwarg
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import walk
-from graphify.analysis.values import _returns
+from graphify.analysis.tree import returns
 from graphify.analysis.vocabulary import ACCELERATOR
 from graphify.rules.registry import rule
 
@@ -136,7 +136,7 @@ def _returned_part(call: cst.Call, index: int | None, env):
     if not isinstance(call.func, cst.Name) or module is None or call.func.value not in module.functions:
         return None
     func = module.functions[call.func.value]
-    for ret in _returns(func):
+    for ret in returns(func):
         if index is None and not isinstance(ret.value, cst.Tuple):
             return ret.value, _function_env(module, func, None)
         if index is not None and isinstance(ret.value, cst.Tuple) and index < len(ret.value.elements):
