@@ -41,7 +41,14 @@ class GraphedModule:
         self.module = module
         self.warmup = warmup
         if module not in _graphed:
-            _graphed[module] = {"eager_runs": 0, "graphed": None, "signature": None, "disabled": None, "awaiting_backward": False}
+            _graphed[module] = {
+                "eager_runs": 0,
+                "graphed": None,
+                "signature": None,
+                "disabled": None,
+                "awaiting_backward": False,
+                "warmup_awaiting": False,
+            }
         self.state = _graphed[module]
 
     def __call__(self, *inputs, **constants):
@@ -50,13 +57,16 @@ class GraphedModule:
             return self.module(*inputs, **constants)
         signature = [(t.shape, t.dtype, t.device, t.requires_grad) for t in inputs] + [_autocast_setting(), sorted(constants.items())]
         if state["graphed"] is None:
-            if state["eager_runs"] < self.warmup:
+            # capture updates buffers in place (batch-norm statistics): never while an eager call's
+            # backward, which checks the versions of what it saved, is still to come
+            if state["eager_runs"] < self.warmup or state["warmup_awaiting"]:
                 state["eager_runs"] += 1
                 stream = side_stream(inputs[0].device)
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
                     outputs = self.module(*inputs, **constants)
                 torch.cuda.current_stream().wait_stream(stream)
+                self._await_backward(outputs, "warmup_awaiting")
                 return outputs
             if not self._capture(inputs, constants):
                 return self.module(*inputs, **constants)
@@ -65,19 +75,20 @@ class GraphedModule:
             return self.module(*inputs, **constants)
         self._unshare_gradients()
         outputs = tree_map(torch.Tensor.clone, state["graphed"](*inputs))
-        self._await_backward(outputs)
+        self._await_backward(outputs, "awaiting_backward")
         return outputs
 
-    def _await_backward(self, outputs) -> None:
-        """Until the backward of this replay runs, another replay would overwrite the activations it
-        needs (a loss summed over two calls, a second call of the model in the step): such calls run
-        eagerly. A replay whose outputs never reach a backward leaves the later calls eager."""
+    def _await_backward(self, outputs, flag: str) -> None:
+        """Sets `flag` until the backward of this call reaches its outputs. After a replay: another
+        replay would overwrite the activations that backward needs (a loss summed over two calls, a
+        second call of the model in the step), so such calls run eagerly, and a replay whose outputs
+        never reach a backward leaves the later calls eager. After a warmup call: capture waits."""
         needing_grad = []
         tree_map(lambda t: (needing_grad.append(t) if t.requires_grad else None) or t, outputs)
         if needing_grad:
             state = self.state
-            state["awaiting_backward"] = True
-            torch.autograd.graph.register_multi_grad_hook(needing_grad, lambda _: state.update(awaiting_backward=False), mode="any")
+            state[flag] = True
+            torch.autograd.graph.register_multi_grad_hook(needing_grad, lambda _: state.update({flag: False}), mode="any")
 
     def _unshare_gradients(self) -> None:
         """Gradients present before a replay may be the graph's buffers (taken by autograd on the last
