@@ -4,7 +4,7 @@ pre-commit installs the hook the way a user gets it: from a git repository holdi
 tree (copied, committed in a temporary folder) and its .pre-commit-hooks.yaml, into a fresh
 virtualenv with `language: python`. To work offline, the virtualenv is made with
 VIRTUALENV_SYSTEM_SITE_PACKAGES=1, so the dependencies already installed for the tests (libcst,
-click, pathspec) satisfy pip without an index, and PIP_NO_INDEX / PIP_NO_BUILD_ISOLATION keep pip
+click, pathspec; from a virtualenv, through PYTHONPATH) satisfy pip without an index, and PIP_NO_INDEX / PIP_NO_BUILD_ISOLATION keep pip
 from looking for anything (setuptools is virtualenv's bundled seed). graphify itself is built and
 installed from the copied tree into the hook's virtualenv.
 
@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,10 @@ def precommit_env(tmp_path_factory):
         "NO_COLOR": "1",
     }
     env.pop("PYTHONPATH", None)
+    if sys.prefix != sys.base_prefix:
+        # the tests run in a virtualenv: the hook's virtualenv sees the base interpreter's packages,
+        # not these, so hand it the test environment's site-packages (libcst, click, pathspec)
+        env["PYTHONPATH"] = os.pathsep.join(sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}))
     return tmp, hook, rev, env
 
 
