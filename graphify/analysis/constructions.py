@@ -48,7 +48,6 @@ def _call_constructions(call: cst.Call, env: Env, depth: int) -> Iterator[tuple[
     if module is not None and func in module.functions and func not in env.scope.values:
         builder = module.function_info(module.functions[func], None)
         inner = builder.new_env()
-        inner.module = module
         for value in (r.value for r in returns(builder.node)):
             yield from optimizer_constructions(value, inner, depth + 1)
         return

@@ -149,9 +149,6 @@ class ModuleAnalysis:
 
     def _loop_env(self, node: cst.For | cst.While, func: FunctionInfo) -> Env:
         env = func.new_env()
-        env.resolver = self.module.program
-        env.module = self.module
-        env.func = func
         seeds: dict[str, bool] = {}
         if isinstance(node, cst.For):
             seed_loop_target(node.target, node.iter, env, seeds)
@@ -169,7 +166,6 @@ class ModuleAnalysis:
             return
         call, caller = site
         caller_env = caller.new_env()
-        caller_env.module, caller_env.func, caller_env.resolver = self.module, caller, self.module.program
         params = func.params[1:] if func.cls is not None else func.params
         for i, arg in enumerate(call.args):
             if arg.star:
@@ -292,7 +288,6 @@ class ModuleAnalysis:
     def _bound_env(info: FunctionInfo, bound: bool, call: cst.Call, caller: Env) -> tuple[Env, dict[str, bool]]:
         """A called function's env, its parameters bound to the call's arguments, and the tensor/host seeds."""
         env = info.new_env()
-        env.resolver, env.module, env.func = info.module.program, info.module, info
         seeds: dict[str, bool] = {}
         params = info.params[1:] if bound else info.params
         for i, arg in enumerate(call.args):

@@ -38,6 +38,9 @@ class FunctionInfo:
             aliases=self.module.aliases,
             class_scope=self.class_scope,
             module_classes=self.module.classes,
+            module=self.module,
+            func=self,
+            resolver=self.module.program,
         )
 
     @property

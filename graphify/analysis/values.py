@@ -336,7 +336,6 @@ class Env:
         cls = next((c for c in self.module.classes.values() if any(s is fn for s in c.body.body)), None)
         info = self.module.function_info(fn, cls)
         env = info.new_env()
-        env.module = self.module
         env.infer({}, info.scope, depth + 1)
         verdicts = set()
         for node in returns(fn):

@@ -202,21 +202,14 @@ def check(ck):
                 "capture one graph per outcome of the condition, or make it constant for the loop",
                 False,
             )
-        elif _skips_step(node, site, ck):
+        elif (
+            jump := "continue" if _skips_step(node, site, ck) else "return" if _returns_before_step(node, site, ck) else None
+        ) is not None:
             yield ck.finding(
                 ACCUMULATION,
                 node,
                 site,
-                f"`continue` under host condition `{code_of(node.test)}` skips the optimizer step (gradient accumulation)",
-                "capture one graph per accumulation cycle, or accumulate with `step % k` around the optimizer step",
-                False,
-            )
-        elif _returns_before_step(node, site, ck):
-            yield ck.finding(
-                ACCUMULATION,
-                node,
-                site,
-                f"`return` under host condition `{code_of(node.test)}` skips the optimizer step (gradient accumulation)",
+                f"`{jump}` under host condition `{code_of(node.test)}` skips the optimizer step (gradient accumulation)",
                 "capture one graph per accumulation cycle, or accumulate with `step % k` around the optimizer step",
                 False,
             )

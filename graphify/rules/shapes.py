@@ -138,9 +138,9 @@ def _returned_part(call: cst.Call, index: int | None, env):
     func = module.functions[call.func.value]
     for ret in returns(func):
         if index is None and not isinstance(ret.value, cst.Tuple):
-            return ret.value, _function_env(module, func, None)
+            return ret.value, module.function_info(func, None).new_env()
         if index is not None and isinstance(ret.value, cst.Tuple) and index < len(ret.value.elements):
-            return ret.value.elements[index].value, _function_env(module, func, None)
+            return ret.value.elements[index].value, module.function_info(func, None).new_env()
     return None
 
 
@@ -150,13 +150,7 @@ def _assigning_env(name: str, value, env):
     for stmt in cls.body.body if cls is not None else ():
         if isinstance(stmt, cst.FunctionDef) and stmt is not env.func.node:
             if any(v is value for v in env.module.function_info(stmt, cls).scope.values.get(name, ())):
-                return _function_env(env.module, stmt, cls)
-    return env
-
-
-def _function_env(module, func, cls):
-    env = module.function_info(func, cls).new_env()
-    env.module, env.func, env.resolver = module, module.function_info(func, cls), module.program
+                return env.module.function_info(stmt, cls).new_env()
     return env
 
 
