@@ -8,7 +8,7 @@ from typing import Iterator
 
 import libcst as cst
 
-from graphify.analysis.constructions import optimizer_constructions
+from graphify.analysis.constructions import optimizer_constructions, without_device_moves
 from graphify.analysis.calls import is_model_call, is_optimizer_step, is_step_op, iter_nodes, method_call
 from graphify.analysis.region import Loop, Site
 from graphify.analysis.reach import first_forward_position, optimizer_step_chains
@@ -310,8 +310,7 @@ class Checker:
         """The call that built the object `expr` holds: a name's assignment, a bound parameter's argument."""
         if depth > 6:
             return None
-        while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("to", "cuda"):
-            expr = expr.func.value
+        expr = without_device_moves(expr)
         if isinstance(expr, cst.Call):
             return expr, env.module
         name = dotted(expr)

@@ -14,14 +14,20 @@ from graphify.analysis.vocabulary import KNOWN_OPTIMIZERS
 _MAX_DEPTH = 6
 
 
+def without_device_moves(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """`model` of `model.to(device).cuda()`: the object a move returns is the one it was called on."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("to", "cuda"):
+        expr = expr.func.value
+    return expr
+
+
 def optimizer_constructions(expr: cst.BaseExpression, env: Env, depth: int = 0) -> Iterator[tuple[str, cst.Call, object]]:
     """(class name, call, ModuleInfo) for each call that may have built `expr`: every assignment of a name
     (`if args.optimizer == "adamw": ... elif ...`), both arms of a conditional expression, the returns of a
     same-file builder function, and a class held in a name (`optimizer_cls = torch.optim.AdamW`)."""
     if depth > _MAX_DEPTH:
         return
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("to", "cuda"):
-        expr = expr.func.value
+    expr = without_device_moves(expr)
     if isinstance(expr, cst.IfExp):
         yield from optimizer_constructions(expr.body, env, depth + 1)
         yield from optimizer_constructions(expr.orelse, env, depth + 1)
