@@ -20,12 +20,9 @@ from graphify.rules.rewrite_safety import (
 
 # What the eager code around the graphed model may not do: change attributes or modes the graphed
 # forward may read, pad each batch to its own length, or communicate across processes (a DDP-wrapped
-# model is not graphed alone).
-_NEVER = {
-    "GFY703",
-    "GFY252",
-    "GFY402",
-}  # GFY402: LBFGS re-evaluates its closure, a graphed one too, with host logic of its own  # GFY252: the model's inputs change shape every batch, so a graph would rarely replay
+# model is not graphed alone). GFY252: the model's inputs change shape every batch, so a graph would
+# rarely replay; GFY402: LBFGS re-evaluates its closure, and a graphed model in it, under host logic of its own.
+_NEVER = {"GFY703", "GFY252", "GFY402"}
 _NEVER_CATEGORIES = {"distributed"}
 
 
