@@ -22,6 +22,10 @@ from graphify.rules.rewrite_safety import FIXES, HOST_SIDE_EFFECT, MUTATED_STATE
 
 
 _CODE_FACTS = (PER_STEP_HOST_VALUE, HOST_SIDE_EFFECT, MUTATED_STATE)
+# Breakers that, left eager beside a captured step, keep each iteration waiting outside the graph: a
+# host read that later GPU work needs, a branch on a tensor value, a collective. Those that only prepare
+# the step's inputs (seeding, tensors built from host data, a custom generator's draws) run ahead of it.
+_WAITS_OUTSIDE_THE_GRAPH = {"host-sync", "data-dependent-branch", "distributed"}
 
 
 @dataclass
@@ -171,7 +175,12 @@ def _confirm_rewrite(analysis: LoopAnalysis, module: ModuleInfo) -> list[Refusal
             analysis.reasons = [refusal.reason]  # else the blocking findings stay the reasons
         analysis.verdict = Verdict.NOT_CAPTURABLE
         return refusals
-    # breakers that stay outside the captured step run eagerly where they stand
+    # breakers that stay outside the captured step run eagerly where they stand; where one of them
+    # makes each iteration wait for the device or other processes, only part of the iteration replays
+    waiting = sorted({f.rule.code for f in analysis.plan.eager if f.rule.category in _WAITS_OUTSIDE_THE_GRAPH})
+    if waiting:
+        analysis.verdict, analysis.reasons = Verdict.PARTIAL, waiting
+        return refusals
     analysis.verdict = Verdict.AFTER_REWRITE if analysis.all_findings else Verdict.CAPTURABLE
     analysis.reasons = []
     return refusals

@@ -16,7 +16,8 @@ class Severity(str, Enum):
 class Verdict(str, Enum):
     CAPTURABLE = "capturable"
     AFTER_REWRITE = "capturable-after-rewrite"
-    PARTIAL = "partially-capturable"  # the model's forward and backward only; the rest of the step stays eager
+    # the model's forward and backward only, or a step beside which a sync or collective stays eager
+    PARTIAL = "partially-capturable"
     NOT_CAPTURABLE = "not-capturable"
 
 

@@ -120,6 +120,7 @@ def loop_outcomes(script_id: str, script: Path) -> tuple[list[dict], str | None]
             "kind": o.kind,
             "verdict": o.verdict.value,
             "rewritten": o.rewritten,
+            "model_only": o.model_only,
             "codes": sorted(set(o.reasons)),
             "label": labels.get(o.line),
         }

@@ -36,7 +36,7 @@ def _refusal_truth(loop: dict) -> str:
 
 
 def _partial(loop: dict) -> str:
-    return " (model only)" if loop.get("verdict") == "partially-capturable" else ""
+    return " (model only)" if loop.get("model_only") else ""
 
 
 def _ratio(a: float | None, b: float | None) -> str:

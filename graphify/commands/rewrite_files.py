@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from graphify.files import SourceError, is_notebook, python_syntax_error, read_source
-from graphify.model import Report, Verdict
+from graphify.model import Report
 from graphify.notebooks import CellSpanError, read_notebook
 from graphify.rewrite import RewriteResult, rewrite_source
 from graphify.rewrite.bundle import RuntimeChoice, vendor_code
@@ -41,7 +41,7 @@ def loop_notes(result: RewriteResult, written: bool, cell_starts: list[int] | No
     notes = []
     for o in result.outcomes:
         where = f"{located.where(o.path, o.line)}: {o.kind} loop" + (f" in {o.function}()" if o.function else "")
-        if o.rewritten and o.verdict == Verdict.PARTIAL:
+        if o.model_only:
             verb = "graphed" if written else "would graph"
             notes.append(
                 f"{where}: {verb} the model's forward and backward as `{o.step_name}`; the rest of the step "

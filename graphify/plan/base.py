@@ -68,6 +68,8 @@ class Plan:
     # `torch.randn(b, n).to(device)` in a captured statement -> (input name, the expression), evaluated
     # before the call in source order (draws.py); keyed by the expression's id
     draws: dict[int, tuple[str, cst.BaseExpression]] = field(default_factory=dict)
+    # breakers the rewrite cannot remove, left eager where they stand outside the step (Finding)
+    eager: list = field(default_factory=list)
 
 
 def body_of(loop: Loop) -> list[cst.BaseStatement]:

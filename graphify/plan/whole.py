@@ -369,6 +369,7 @@ def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStat
                 and all(any(contains(s, anchor) for s in body) for anchor in anchors)
                 and not any(contains(s, anchor) for s in captured for anchor in anchors)
             ):
+                plan.eager.append(f)
                 continue
             refuse(f.rule, f.node, f.message)
             continue

@@ -25,6 +25,7 @@ class LoopOutcome:
     rewritten: bool
     reasons: list[str] = field(default_factory=list)
     step_name: str | None = None
+    model_only: bool = False  # the rewrite graphs the model's forward and backward, not the step
 
 
 @dataclass
@@ -71,7 +72,7 @@ def rewrite_source(source: str, path: str, settings=None, runtime: RuntimeChoice
             anchor = next(iter(outer), loop.node)
             step_name = fresh_name("train_step" if loop.kind == "train" else "inference_step", taken)
         emissions.append(Emission(plan, step_name, anchor))
-        outcome.rewritten, outcome.step_name = True, step_name
+        outcome.rewritten, outcome.step_name, outcome.model_only = True, step_name, isinstance(plan, PartialPlan)
     if not emissions:
         return out
     names, new = bound_runtime_names(tree), []

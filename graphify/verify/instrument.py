@@ -73,7 +73,7 @@ def instrument(source: str, path: str, settings=None) -> Instrumented:
             why.append(f"line {line}: {'; '.join(reasons)}")
             continue
         # a partial rewrite only renames the model's calls (in closures too): the probe stays where it was put
-        if outcome.verdict != Verdict.PARTIAL and not probe_follows_call(rewrite.code, outcome.step_name):
+        if not outcome.model_only and not probe_follows_call(rewrite.code, outcome.step_name):
             raise InstrumentError(f"line {line}: the rewrite does not keep the probe after the captured step; cannot compare")
         return Instrumented(original, rewrite.code, line, loop.kind, loop.func.qualname, outcome.step_name, records, *_context(analysis))
     detail = f" ({'; '.join(why)})" if why else ""
