@@ -488,6 +488,32 @@ CASES = {
                 refs = caps[0].tolist()
         """,
     ),
+    "GFY611-collective-helper-of-another-file": (
+        "GFY611",
+        """
+        import util.misc as utils
+        from dist_utils import reduce_tensor
+        for x, y in loader:
+            loss_dict = {"ce": criterion(model(x), y)}
+            reduced = utils.reduce_dict(loss_dict)  # here
+            loss = sum(loss_dict.values())
+            mean_loss = reduce_tensor(loss.detach(), 2)  # here
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        import util.misc as utils
+        from einops import reduce
+        def reduce_dict(d):
+            return {k: v.detach() for k, v in d.items()}
+        for x, y in loader:
+            loss_dict = {"ce": criterion(model(x), y)}
+            reduced = reduce_dict(loss_dict)
+            picked = torch.gather(model(x), 1, y[:, None]).mean() + model(x).gather(1, y[:, None]).mean()
+            loss = reduce(criterion(model(x), y)[None], "b -> ", "mean") + picked
+            mean_loss = utils.all_reduce_mean(float(len(y)))
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
     "GFY611-accelerate-gather": (
         "GFY611",
         """

@@ -16,6 +16,7 @@ from graphify.analysis.scope import Scope
 from graphify.analysis.tree import memo, returns, simple_statements
 from graphify.analysis.vocabulary import (
     ACCELERATOR,
+    COLLECTIVE_HELPER,
     CONFIG_ROOTS,
     DDP,
     ENV,
@@ -37,9 +38,6 @@ from graphify.analysis.vocabulary import (
 
 # literals, as exact types (analysis/tree.py says why)
 _HOST_LITERALS = frozenset((cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
-# helpers that reduce or gather their argument across processes (`utils.reduce_dict(loss_dict)`,
-# `reduce_tensor(loss.data, n)`, `concat_all_gather(keys)`): a tensor in, a tensor of the same kind out
-_COLLECTIVE_HELPER = re.compile(r"(^|_)(reduce|gather)(_|$)")
 
 
 # loss scalers that own a GradScaler: torch's own, timm's and the MAE/DeiT helpers built on it
@@ -306,7 +304,7 @@ class Env:
         if method is not None:
             return self._returns_tensor(method, depth + 1)
         last = (qual or dotted(func) or "").rsplit(".", 1)[-1]
-        if _COLLECTIVE_HELPER.search(last) and call.args and not (qual or "").startswith("torch."):
+        if COLLECTIVE_HELPER.search(last) and call.args and not (qual or "").startswith("torch."):
             return True if self._tensor(call.args[0].value, depth + 1) is True else None
         return None
 

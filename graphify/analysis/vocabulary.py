@@ -41,6 +41,9 @@ _SCALER_NAME = re.compile(r"^(self\.)?([a-z_]*scaler)$", re.I)
 _LOADER_NAME = re.compile(r"^(self\.)?([a-z_]*(loader|_dl|dl_[a-z_]*)|dl|dataloader)$", re.I)
 LOSS_NAME = re.compile(r"^(self\.)?(criterion|loss_fn|loss_func|loss_function|lossfn|[a-z_]*_criterion|[a-z_]*_loss_fn)$", re.I)
 _ENV_NAME = re.compile(r"^(self\.)?(env|envs|environment|[a-z_]*_env|sim|game)$", re.I)
+# helpers that reduce or gather their argument across processes (`utils.reduce_dict(loss_dict)`,
+# `reduce_tensor(loss.data, n)`, `concat_all_gather(keys)`): a tensor in, a tensor of the same kind out
+COLLECTIVE_HELPER = re.compile(r"(^|_)(reduce|gather)(_|$)")
 
 # Tensor methods whose results live on the host.
 HOST_METHODS = {

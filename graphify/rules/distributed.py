@@ -4,7 +4,8 @@ import libcst as cst
 
 from graphify.analysis.checker import code_of
 from graphify.analysis.calls import method_call
-from graphify.analysis.vocabulary import ACCELERATOR, DDP
+from graphify.analysis.names import dotted
+from graphify.analysis.vocabulary import ACCELERATOR, COLLECTIVE_HELPER, DDP
 from graphify.rules.registry import rule
 
 COLLECTIVE = rule(
@@ -56,6 +57,19 @@ def _is_collective(call: cst.Call, env) -> bool:
     return m is not None and m[1] in _ACCELERATE_COLLECTIVES and env.kind_of(m[0]) == ACCELERATOR
 
 
+def _is_collective_helper(call: cst.Call, env, followed: set[int]) -> bool:
+    """`utils.reduce_dict(loss_dict)`, `reduce_tensor(loss.data, n)`: a helper of another file, which the
+    analysis does not follow, named for a collective and handed a tensor. Bare `reduce`/`gather` (einops,
+    functools, `torch.gather`) and tensor methods are not."""
+    name = env.qualify(call.func) or dotted(call.func) or ""
+    last = name.rsplit(".", 1)[-1]
+    if id(call) in followed or name.startswith("torch.") or last in ("reduce", "gather") or not COLLECTIVE_HELPER.search(last):
+        return False
+    if isinstance(call.func, cst.Attribute) and (env.is_tensor(call.func.value) or env.kind_of(call.func.value) is not None):
+        return False
+    return bool(call.args) and call.args[0].keyword is None and env.is_tensor(call.args[0].value)
+
+
 def _toggles_gradient_sync(call: cst.Call) -> bool:
     """DDP's `model.no_sync()` (entered at once or kept for a later `with`), FSDP2's
     `model.set_requires_gradient_sync(flag)`."""
@@ -65,10 +79,11 @@ def _toggles_gradient_sync(call: cst.Call) -> bool:
 
 def check(ck):
     seen = set()
+    followed = {id(b.call) for b in ck.region.blocks} | {id(c) for calls in ck.region.repeats.values() for c, _ in calls}
     for node, site in ck.nodes():
         env = site.env
         if isinstance(node, cst.Call):
-            if _is_collective(node, env):
+            if _is_collective(node, env) or _is_collective_helper(node, env, followed):
                 yield ck.finding(
                     COLLECTIVE,
                     node,
