@@ -109,6 +109,58 @@ CASES = {
                     loss.backward(); opt.step(); opt.zero_grad()
         """,
     ),
+    "GFY251-loader-handed-down-two-calls": (
+        "GFY251",
+        """
+        def train_epoch(model, loader):
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+        def train(model, loader, epochs):
+            for epoch in range(epochs):
+                train_epoch(model, loader)
+        def main():
+            loader = torch.utils.data.DataLoader(None, batch_size=8, shuffle=True)  # here
+            train(model, loader, 10)
+        """,
+        """
+        def train_epoch(model, loader):
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+        def train(model, loader, epochs):
+            for epoch in range(epochs):
+                train_epoch(model, loader)
+        def main():
+            loader = torch.utils.data.DataLoader(None, batch_size=8, shuffle=True, drop_last=True)
+            train(model, loader, 10)
+        """,
+    ),
+    "GFY252-torchtext-bucket-iterator": (
+        "GFY252",
+        """
+        from torchtext.data import BucketIterator, Iterator
+        def loaders(train_set, valid_set):
+            return BucketIterator(train_set, batch_size=64, train=True), Iterator(valid_set, batch_size=64)  # here
+        def train_epoch(model, data):
+            for batch in data:
+                loss = criterion(model(batch.src), batch.trg)
+                loss.backward(); opt.step(); opt.zero_grad()
+        train_data, valid_data = loaders(None, None)
+        train_epoch(model, train_data)
+        """,
+        """
+        from torchtext.data import BucketIterator, Iterator
+        def loaders(train_set, valid_set):
+            return BucketIterator(train_set, batch_size=64, train=True), Iterator(valid_set, batch_size=64)
+        def train_epoch(model, data):
+            for batch in data:
+                loss = criterion(model(batch.src), batch.trg)
+                loss.backward(); opt.step(); opt.zero_grad()
+        train_data, valid_data = loaders(None, None)
+        train_epoch(model, valid_data)
+        """,
+    ),
     "GFY252-collate-nested-in-loader-function": (
         "GFY252",
         """

@@ -156,16 +156,19 @@ class ModuleAnalysis:
         env.infer(seeds, func.scope)
         return env
 
-    def _bind_from_call_site(self, func: FunctionInfo, env: Env, seeds: dict[str, bool]) -> None:
+    def _bind_from_call_site(self, func: FunctionInfo, env: Env, seeds: dict[str, bool], depth: int = 0) -> None:
         """Parameters of the loop's function take their meaning from a call site in the module
-        (`train(model, loader, optimizer)` called from `main()`), so constructions can be found."""
-        if func.node is None:
+        (`train(model, loader, optimizer)` called from `main()`), and the caller's from its own call
+        site, a few levels up (`main()` -> `train()` -> `train_epoch()`), so constructions can be found."""
+        if func.node is None or depth > 3:
             return
         site = self.call_sites.get(func.node.name.value)
         if site is None:
             return
         call, caller = site
         caller_env = caller.new_env()
+        if caller.node is not func.node:
+            self._bind_from_call_site(caller, caller_env, {}, depth + 1)
         params = func.params[1:] if func.cls is not None else func.params
         for i, arg in enumerate(call.args):
             if arg.star:

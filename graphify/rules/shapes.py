@@ -33,6 +33,8 @@ RULES = (NO_DROP_LAST, VARIABLE_LENGTH)
 _PADDING = {"pad_sequence", "pack_padded_sequence", "pack_sequence", "pad_packed_sequence"}
 # Hugging Face collators that pad each batch to its longest sequence unless told `padding="max_length"`
 _PADDING_COLLATORS = {"DataCollatorWithPadding", "DataCollatorForSeq2Seq", "DataCollatorForTokenClassification"}
+# torchtext's iterator that batches sentences of similar lengths and pads each batch to its longest
+_BUCKETING_LOADERS = {"torchtext.data.BucketIterator", "torchtext.legacy.data.BucketIterator", "torchtext.data.iterator.BucketIterator"}
 
 
 def _pads_to_longest(call: cst.Call, aliases) -> bool:
@@ -96,7 +98,7 @@ def _dataloader(expr, env, depth=0):
         return _dataloader(part[0], part[1], depth + 1) if part is not None else None
     if isinstance(expr, cst.Call):
         last = (env.qualify(expr.func) or "").rsplit(".", 1)[-1]
-        if last == "DataLoader":
+        if last == "DataLoader" or env.qualify(expr.func) in _BUCKETING_LOADERS:
             return expr, env
         if (last in ("iter", "enumerate", "tqdm", "cycle", "islice") and expr.args) or (_is_prepare(expr, env) and len(expr.args) == 1):
             return _dataloader(expr.args[0].value, env, depth + 1)
@@ -163,6 +165,15 @@ def check(ck):
         call, loader_env = found
         module = loader_env.module
         seen.add(id(call))
+        if loader_env.qualify(call.func) in _BUCKETING_LOADERS:
+            yield ck.finding_at(
+                VARIABLE_LENGTH,
+                call,
+                module,
+                f"`{code_of(call, 50)}` pads each batch to its longest sentence: every batch has its own shape",
+                "give the fields a `fix_length`, or bucket to a few fixed lengths, one graph each",
+            )
+            continue
         yield from _padding_collate(ck, kwarg(call, "collate_fn"), loader_env)
         if not is_true(kwarg(call, "drop_last")) and kwarg(call, "batch_sampler") is None:
             yield ck.finding_at(
