@@ -6,7 +6,8 @@ make_graphed_callables' warmup passes), dropout (the CUDA RNG must be where eage
 and a last partial batch of each epoch (it must run eagerly, not crash a replay). Its variants keep
 gradients across replays (accumulation over micro-batches, zeroing in place), pass the model a
 keyword value, and call the model again before the last call's backward (twice in a step, or a loss
-kept for the next iteration).
+kept for the next iteration). These tests check what replays do, so they keep the graphs whatever
+their timing says (GRAPHIFY_CAPTURE=always); a model whose graphs would gain nothing stays eager.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from graphify.rewrite import rewrite_source
 from graphify.verify import verify_file
 
 pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture
+def always_capture(monkeypatch):
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")  # verify's children inherit it
+
 
 SCRIPT = textwrap.dedent("""\
     import torch
@@ -44,6 +51,7 @@ SCRIPT = textwrap.dedent("""\
 """)
 
 
+@pytest.mark.usefixtures("always_capture")
 def test_partial_capture_trains_like_the_original(tmp_path):
     path = tmp_path / "train.py"
     path.write_text(SCRIPT)
@@ -111,6 +119,7 @@ LOSSES_SUMMED = SCRIPT.replace(
     [ACCUMULATING, ZEROED_IN_PLACE, KEYWORD, CALLED_TWICE, LOSSES_SUMMED],
     ids=["accumulation", "zeroed-in-place", "keyword", "called-twice", "losses-summed"],
 )
+@pytest.mark.usefixtures("always_capture")
 def test_gradients_kept_across_replays_train_like_the_original(tmp_path, script):
     assert script != SCRIPT
     path = tmp_path / "train.py"
@@ -120,3 +129,18 @@ def test_gradients_kept_across_replays_train_like_the_original(tmp_path, script)
     report = verify_file(str(path), steps=20)
     assert report.passed, (report.message, report.detail, report.to_dict())
     assert report.rewrite.data["graphs"] == 2
+
+
+def test_a_model_too_small_to_gain_runs_eagerly_and_verify_says_why(tmp_path):
+    """One small linear layer: a replay costs more host time than its few launches save, so the model
+    stays eager and verify's verdict gives the runtime's reason."""
+    script = SCRIPT.replace(
+        "nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 4))", "nn.Linear(32, 4)"
+    )
+    assert script != SCRIPT
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    assert "GraphedModule(model)" in rewrite_source(script, str(path)).code
+    report = verify_file(str(path), steps=20)
+    assert report.passed, (report.message, report.detail, report.to_dict())
+    assert report.verdict.startswith("the runtime ran the model eagerly (no gain expected: "), report.verdict

@@ -1,9 +1,11 @@
-"""graphify.runtime on the CPU: nested inputs and outputs, the re-entry registry, the eager path."""
+"""graphify.runtime on the CPU: nested inputs and outputs, the re-entry registry, the eager path, and
+the decisions taken from timings (given here, as the CUDA events would measure them)."""
 
 import collections
 import dataclasses
 import warnings
 
+import pytest
 import torch
 
 from graphify.runtime import CapturedStep, GraphedModule, copy_outputs
@@ -161,3 +163,108 @@ def test_a_setting_that_keeps_changing_leaves_the_step_eager():
         assert captured.state.graphs == {} and captured.state.disabled is None and not caught
         captured._forget_graphs()
     assert "changed more than" in captured.state.disabled and len(caught) == 1
+
+
+class _Timed:
+    """A Timing whose measurement is given: (GPU ms, host ms)."""
+
+    def __init__(self, gpu_ms, host_ms):
+        self.measured = (gpu_ms, host_ms)
+
+    def milliseconds(self):
+        return self.measured
+
+
+def test_work_is_gpu_bound_when_the_host_takes_under_half_the_gpu_time():
+    from graphify.runtime.common import gpu_bound
+
+    assert gpu_bound(12.0, 2.0, "a step") == (
+        "no gain expected: GPU-bound (a step keeps the GPU busy 12.0 ms for 2.0 ms of host time; "
+        "GRAPHIFY_CAPTURE=always captures it anyway)"
+    )
+    assert gpu_bound(12.0, 6.0, "a step") is None  # at half, launches still set part of the pace
+    assert gpu_bound(0.2, 0.2, "a step") is None  # launch-bound: the GPU waits on each launch
+
+
+def test_graphs_are_kept_only_when_replays_are_clearly_faster():
+    from graphify.runtime.graphed_module import MIN_REPLAY_GAIN, slower_replays
+
+    assert slower_replays(0.60, 0.20) is None
+    assert slower_replays(MIN_REPLAY_GAIN * 0.20, 0.20) is None
+    assert slower_replays(0.21, 0.20).startswith(
+        "no gain expected: a replayed forward and backward took 0.20 ms, an eager one 0.21 ms (graphs are kept from 1.1x faster"
+    )
+    assert slower_replays(0.20, 0.35) is not None
+
+
+def test_a_gpu_bound_step_stays_eager_with_one_warning(monkeypatch):
+    """The timed warmup step decides once; GRAPHIFY_CAPTURE=always captures whatever it measured."""
+    step = CapturedStep(lambda x: x + 1)
+    step.state.load = _Timed(12.0, 2.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert step._gpu_bound() and not step._gpu_bound()  # decided once
+    assert [str(w.message) for w in caught] == [
+        f"graphify: `test_a_gpu_bound_step_stays_eager_with_one_warning.<locals>.<lambda>` runs eagerly: {step.state.disabled}"
+    ]
+    assert step.state.disabled.startswith("no gain expected: GPU-bound (a step keeps the GPU busy 12.0 ms for 2.0 ms")
+    forced = CapturedStep(lambda x: x + 2)
+    forced.state.load = _Timed(12.0, 2.0)
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    assert not forced._gpu_bound() and forced.state.disabled is None
+
+
+def test_a_gpu_bound_forward_leaves_the_model_eager_without_capturing(monkeypatch):
+    model = torch.nn.Linear(2, 2)
+    graphed = GraphedModule(model)
+    graphed.state["load"] = _Timed(8.0, 0.5)
+    monkeypatch.setattr(GraphedModule, "_graph", lambda *_: pytest.fail("a GPU-bound forward must not be captured"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not graphed._capture((torch.ones(1, 2),), {})
+    assert [str(w.message) for w in caught] == [f"graphify: the model runs eagerly: {graphed.state['disabled']}"]
+    assert graphed.state["disabled"].startswith("no gain expected: GPU-bound (its forward pass keeps the GPU busy 8.0 ms for 0.5 ms")
+    assert graphed.state["graphed"] is None
+    out = graphed(torch.ones(1, 2))  # eager for good, whatever the device
+    assert torch.equal(out, model(torch.ones(1, 2)))
+
+
+def test_graphify_capture_always_graphs_a_gpu_bound_forward(monkeypatch):
+    graphed = GraphedModule(torch.nn.Linear(2, 2))
+    graphed.state["load"] = _Timed(8.0, 0.5)
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    monkeypatch.setattr(GraphedModule, "_graph", lambda *_: None)  # the capture itself needs CUDA
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert graphed._capture((torch.ones(1, 2),), {})
+    assert graphed.state["disabled"] is None
+
+
+def test_the_fastest_timed_passes_decide_and_leave_gradients_alone(monkeypatch):
+    """Eager and replayed passes alternate; the untimed first of each is left out, the fastest of the
+    rest counts, and the backward passes write no `.grad`. A fake clock stands for the CUDA events."""
+    from graphify.runtime import graphed_module
+
+    ticks = iter(range(100))
+
+    class Clocked:
+        def __init__(self, stream):
+            self.tick = next(ticks)
+
+        def stop(self):
+            pass
+
+        def milliseconds(self):
+            return float(self.tick), 0.0
+
+    monkeypatch.setattr(graphed_module, "Timing", Clocked)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: None)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    model[0].weight.grad = torch.ones_like(model[0].weight)
+    replays = []
+    graphed = GraphedModule(model)
+    timed = graphed._time_passes(lambda x: replays.append(x) or model(x), (torch.randn(5, 3),), {})
+    assert timed == (2.0, 3.0)  # eager ticks 0 (untimed), 2, 4, 6; replayed ticks 1 (untimed), 3, 5, 7
+    assert len(replays) == 1 + graphed_module.TIMED_PASSES
+    assert torch.equal(model[0].weight.grad, torch.ones_like(model[0].weight)) and model[0].bias.grad is None

@@ -314,8 +314,25 @@ def test_a_step_the_runtime_left_eager_is_reported_as_such():
         data={"graphs": 0, "fallbacks": [warning], "times": [0.003 * k for k in range(20)], "profile": {"graph_launches_per_step": 0}},
     )
     assert speed_verdict(r) == (
-        "the runtime ran the step eagerly (`train_step` runs eagerly: capture failed (CallOperationError: einx)), so it cannot be faster where it did"
+        "the runtime ran `train_step` eagerly (capture failed (CallOperationError: einx)), so it cannot be faster where it did"
     )
+
+
+def test_a_model_the_runtime_left_eager_is_reported_with_its_numbers():
+    """A partial rewrite whose replays would be slower than eager: the verdict names the model and keeps
+    the whole reason, measured numbers included."""
+    from graphify.runtime.graphed_module import slower_replays
+    from graphify.verify.report import VerifyReport, speed_verdict
+    from graphify.verify.runner import RunResult
+
+    why = slower_replays(0.31, 0.42)
+    r = VerifyReport("train.py", 20)
+    r.original = RunResult("original", 0, data={"on_cuda": True, "times": [0.003 * k for k in range(20)]})
+    r.rewrite = RunResult(
+        "rewrite", 0, data={"graphs": 2, "fallbacks": [f"graphify: the model runs eagerly: {why}"], "times": [0.003 * k for k in range(20)]}
+    )
+    assert speed_verdict(r) == f"the runtime ran the model eagerly ({why}), so it cannot be faster where it did"
+    assert "0.42 ms" in why and "0.31 ms" in why
 
 
 def test_the_child_records_fallback_warnings(monkeypatch):

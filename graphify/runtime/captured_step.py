@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import functools
-import os
 import random
-import time
 import warnings
 
 import torch
 
-from graphify.runtime.common import WARMUP, GraphifyFallbackWarning, copy_outputs, first_line, leaves, side_stream, split, tree_map
+from graphify.runtime.common import (
+    WARMUP,
+    GraphifyFallbackWarning,
+    Timing,
+    capture_forced,
+    copy_outputs,
+    first_line,
+    gpu_bound,
+    leaves,
+    side_stream,
+    split,
+    tree_map,
+)
 from graphify.runtime.distributed import DDP_WARMUP, all_ranks_agree, ddp_modules, free_before_teardown
 from graphify.runtime.reach import bindings, inner_optimizers, referenced, same, why_not_capturable
 
 MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes every step and the step stays eager
-# A step whose host time is under this share of its GPU time is GPU-bound: the GPU, not the launches, sets
-# the pace, so a replay would save nothing and add input copies; it stays eager (GRAPHIFY_CAPTURE=always
-# captures it all the same). A launch-bound step measures about 1 (the GPU waits on each launch); H200:
-# a bf16 CNN at 37 ms a step measured 0.26, a small transformer 1.0.
-GPU_BOUND_SHARE = 0.5
 
 
 class _Captures:
@@ -39,7 +44,7 @@ class _Captures:
         self.lr_tensors: list = []  # [param group, device tensor, float it holds]
         self.frozen: list = []  # (param group, name, value at capture) the graph cannot follow
         self.recaptures = 0  # times the graphs were dropped because a frozen setting changed
-        self.load = None  # (start event, end event, host seconds) of the last warmup step
+        self.load: Timing | None = None  # of the last warmup step
         self.measured: tuple | None = None  # (GPU ms, host ms) of that step, once the capture decision used it
 
 
@@ -148,16 +153,13 @@ class CapturedStep:
         stream.wait_stream(torch.cuda.current_stream())
         cache = torch.is_autocast_cache_enabled()
         torch.set_autocast_cache_enabled(False)  # cached casts would outlive a capture; values are the same
-        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if timed else None
         try:
             with torch.cuda.stream(stream):
-                if events:
-                    started = time.perf_counter()
-                    events[0].record(stream)
+                timing = Timing(stream) if timed else None
                 result = self.step(*inputs)
-                if events:
-                    events[1].record(stream)
-                    self.state.load = (*events, time.perf_counter() - started)
+                if timing:
+                    timing.stop()
+                    self.state.load = timing
                 return result
         finally:
             torch.set_autocast_cache_enabled(cache)
@@ -167,18 +169,12 @@ class CapturedStep:
         """Whether the last warmup step kept the GPU busy far longer than the host took to launch it (decided
         once, before the first capture): then a replay gains nothing and the step stays eager."""
         state = self.state
-        if state.load is None or state.measured is not None or os.environ.get("GRAPHIFY_CAPTURE") == "always":
+        if state.load is None or state.measured is not None or capture_forced():
             return False
-        start, end, host_s = state.load
-        end.synchronize()
-        gpu_ms, host_ms = start.elapsed_time(end), host_s * 1e3
-        state.measured = (gpu_ms, host_ms)
-        if host_ms >= GPU_BOUND_SHARE * gpu_ms:
+        state.measured = state.load.milliseconds()
+        state.disabled = gpu_bound(*state.measured, "a step")
+        if state.disabled is None:
             return False
-        state.disabled = (
-            f"no gain expected: GPU-bound (a step keeps the GPU busy {gpu_ms:.1f} ms for {host_ms:.1f} ms of host time; "
-            "GRAPHIFY_CAPTURE=always captures it anyway)"
-        )
         self._warn(state.disabled)
         return True
 

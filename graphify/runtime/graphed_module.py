@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import warnings
 import weakref
 
 import torch
 
-from graphify.runtime.common import WARMUP, GraphifyFallbackWarning, first_line, side_stream, tree_map
+from graphify.runtime.common import (
+    WARMUP,
+    GraphifyFallbackWarning,
+    Timing,
+    capture_forced,
+    first_line,
+    gpu_bound,
+    leaves,
+    side_stream,
+    tree_map,
+)
 from graphify.runtime.reach import why_not_capturable
 
 _graphed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its graphed callable state
+# A replay pays for its checks, autograd.Function, input copies, output clones and gradient copies, and
+# saves only the forward and backward launches: on a small model that can cost more than it saves (two
+# small fixtures' partial rewrites ran 0.54x and 0.94x as fast as eager). Graphs are kept when a replayed
+# forward and backward is at least this much faster than an eager one, timed side by side after capture.
+MIN_REPLAY_GAIN = 1.1
+TIMED_PASSES = 3  # of each kind, after an untimed one of each; the fastest counts
 
 
 class GraphedModule:
@@ -22,10 +39,13 @@ class GraphedModule:
     The first `warmup` calls on CUDA run eagerly on a side stream; the next one captures the forward
     and backward for that call's input shapes and autocast setting, as later calls with the same ones
     replay. Other shapes or autocast settings, eval mode, calls without grad and calls off CUDA run
-    eagerly; a failed capture leaves the module eager for good, with one warning. The warmup passes
-    make_graphed_callables runs itself are undone (batch-norm statistics and the CUDA RNG state are
-    restored), so training sees each batch once. A replay returns copies of the graph's outputs (the
-    eager code around it may keep them past the next replay). Keyword arguments must be plain values
+    eagerly; a failed capture leaves the module eager for good, with one warning. So does a graph that
+    would gain nothing (unless GRAPHIFY_CAPTURE=always): a GPU-bound forward pass (the last warmup
+    call, timed) is not captured, and graphs whose replays are not clearly faster than eager passes
+    (timed side by side) are dropped. The warmup passes make_graphed_callables runs itself and the
+    timed passes are undone (batch-norm statistics and the CUDA RNG state are restored; their backward
+    passes leave `.grad` alone), so training sees each batch once. A replay returns copies of the
+    graph's outputs (the eager code around it may keep them past the next replay). Keyword arguments must be plain values
     (a mask ratio, a flag): they are part of the graph's key; a tensor among them runs the call eagerly.
 
     A replayed backward hands autograd the graph's own gradient buffers, and a parameter without a
@@ -48,6 +68,7 @@ class GraphedModule:
                 "disabled": None,
                 "awaiting_backward": False,
                 "warmup_awaiting": False,
+                "load": None,  # Timing of the last warmup call's forward
             }
         self.state = _graphed[module]
 
@@ -55,7 +76,7 @@ class GraphedModule:
         state = self.state
         if state["disabled"] is not None or not self._graphable(inputs, constants):
             return self.module(*inputs, **constants)
-        signature = [(t.shape, t.dtype, t.device, t.requires_grad) for t in inputs] + [_autocast_setting(), sorted(constants.items())]
+        signature = _signature(inputs, constants)
         if state["graphed"] is None:
             # capture updates buffers in place (batch-norm statistics): never while an eager call's
             # backward, which checks the versions of what it saved, is still to come
@@ -64,7 +85,10 @@ class GraphedModule:
                 stream = side_stream(inputs[0].device)
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
+                    load = Timing(stream)
                     outputs = self.module(*inputs, **constants)
+                    load.stop()
+                state["load"] = load
                 torch.cuda.current_stream().wait_stream(stream)
                 self._await_backward(outputs, "warmup_awaiting")
                 return outputs
@@ -110,37 +134,106 @@ class GraphedModule:
         )
 
     def _capture(self, inputs, constants) -> bool:
+        """Graphs the module for these inputs, or leaves it eager for good with one warning."""
+        load = self.state["load"]
+        why = why_not_capturable([self.module], [])
+        if why is None and load is not None and not capture_forced():
+            why = gpu_bound(*load.milliseconds(), "its forward pass")
+        why = why or self._graph(inputs, constants)
+        if why is None:
+            return True
+        self.state["disabled"] = why
+        warnings.warn(f"graphify: the model runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=4)
+        return False
+
+    def _graph(self, inputs, constants) -> str | None:
+        """Captures the forward and backward (make_graphed_callables) and, unless capture is forced, times
+        them against eager passes; then restores what those extra passes changed. Why the module stays
+        eager, or None once its graphs are kept."""
         buffers = [b.clone() for b in self.module.buffers()]
         rng = torch.cuda.get_rng_state()
         # a copy of the generator's state object undoes a failed capture's "capturing" mark; after a
         # capture that worked, the graphs keep the original object, so only its values are restored
         generator = torch.cuda.default_generators[inputs[0].device.index]
         saved_state = generator.clone_state()
-        why = why_not_capturable([self.module], [])
-        if why is None:
-            # make_graphed_callables swaps the forward of the module it is given: give it a holder
-            holder = torch.nn.Module()
-            holder.module = self.module
-            holder.forward = functools.partial(self.module.__call__, **constants)
-            samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
-            cache = torch.is_autocast_cache_enabled()
-            torch.set_autocast_cache_enabled(False)  # cached casts would outlive the capture; the values are the same
-            try:
-                self.state["graphed"] = torch.cuda.make_graphed_callables(holder, samples)
-            except Exception as exc:  # noqa: BLE001 - a failed capture leaves the module eager
-                why = f"capture failed ({type(exc).__name__}: {first_line(exc)})"
-            finally:
-                torch.set_autocast_cache_enabled(cache)
+        # make_graphed_callables swaps the forward of the module it is given: give it a holder
+        holder = torch.nn.Module()
+        holder.module = self.module
+        holder.forward = functools.partial(self.module.__call__, **constants)
+        samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
+        cache = torch.is_autocast_cache_enabled()
+        torch.set_autocast_cache_enabled(False)  # cached casts would outlive the capture; the values are the same
+        graphed, why = None, None
+        try:
+            graphed = torch.cuda.make_graphed_callables(holder, samples)
+            if not capture_forced():
+                why = slower_replays(*self._time_passes(graphed, inputs, constants))
+        except Exception as exc:  # noqa: BLE001 - a failed capture leaves the module eager
+            why = f"capture failed ({type(exc).__name__}: {first_line(exc)})"
+        finally:
+            torch.set_autocast_cache_enabled(cache)
         with torch.no_grad():
             for buffer, saved in zip(self.module.buffers(), buffers):
                 buffer.copy_(saved)
-        if why is None:
+        if graphed is not None:
             torch.cuda.set_rng_state(rng)
-            return True
-        generator.graphsafe_set_state(saved_state)
-        self.state["disabled"] = why
-        warnings.warn(f"graphify: the model runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=4)
-        return False
+        else:
+            generator.graphsafe_set_state(saved_state)
+        if why is None:
+            self.state["graphed"] = graphed
+        return why
+
+    def _time_passes(self, graphed, inputs, constants) -> tuple[float, float]:
+        """(eager ms, replay ms): the fastest of TIMED_PASSES forward and backward passes of each kind on
+        copies of the call's inputs, each started on an idle GPU and measured as the longer of its host
+        and GPU times. A replayed pass runs what a replay in __call__ runs, its checks included. The
+        backward passes run through torch.autograd.grad: no `.grad` changes."""
+        copies = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
+        wrt = [p for p in self.module.parameters() if p.requires_grad] + [t for t in copies if t.requires_grad]
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+
+        def replayed():
+            self._graphable(copies, constants) and _signature(copies, constants)  # __call__'s checks, for their cost
+            if grads:
+                torch._foreach_mul(grads, 1.0)  # _unshare_gradients' copy, not assigned
+            outputs = tree_map(torch.Tensor.clone, graphed(*copies))
+            needing = [t for t in leaves(outputs) if t.requires_grad]
+            if needing:
+                torch.autograd.graph.register_multi_grad_hook(needing, lambda _: None, mode="any")
+            return needing
+
+        def eager():
+            return [t for t in leaves(self.module(*copies, **constants)) if t.requires_grad]
+
+        fastest = {eager: math.inf, replayed: math.inf}
+        for timed in [False] + [True] * TIMED_PASSES:
+            for forward in fastest:
+                torch.cuda.synchronize()
+                timing = Timing(torch.cuda.current_stream())
+                needing = forward()
+                if needing and wrt:
+                    torch.autograd.grad(needing, wrt, [torch.ones_like(t) for t in needing], allow_unused=True)
+                timing.stop()
+                if timed:
+                    fastest[forward] = min(fastest[forward], max(timing.milliseconds()))
+        return fastest[eager], fastest[replayed]
+
+
+def slower_replays(eager_ms: float, replay_ms: float) -> str | None:
+    """Why graphs that replay the forward and backward in `replay_ms` are dropped for eager passes that
+    take `eager_ms`; None when the replays are at least MIN_REPLAY_GAIN times faster."""
+    if eager_ms >= MIN_REPLAY_GAIN * replay_ms:
+        return None
+    return (
+        f"no gain expected: a replayed forward and backward took {replay_ms:.2f} ms, an eager one {eager_ms:.2f} ms "
+        f"(graphs are kept from {MIN_REPLAY_GAIN:.1f}x faster; GRAPHIFY_CAPTURE=always captures it anyway)"
+    )
+
+
+def _signature(inputs, constants) -> list:
+    """What a graph is valid for: its inputs' shapes, dtypes, devices and grad flags, the autocast
+    setting and the keyword values."""
+    return [(t.shape, t.dtype, t.device, t.requires_grad) for t in inputs] + [_autocast_setting(), sorted(constants.items())]
 
 
 def _autocast_setting():

@@ -110,9 +110,9 @@ def speed_verdict(report: VerifyReport) -> str:
     if not report.on_cuda:
         return "no CUDA: both versions ran the same eager code on the CPU, so no speedup can be measured here; run on a GPU"
     fallbacks = rewrite.data.get("fallbacks") or []
-    if fallbacks:  # the runtime left a step eager on purpose: say why, not what it looks like
-        reason = fallbacks[0].split("graphify: ", 1)[-1]
-        return f"the runtime ran the step eagerly ({reason[:160]}), so it cannot be faster where it did"
+    if fallbacks:  # the runtime left the step (or the model, in a partial rewrite) eager on purpose: say why
+        subject, _, why = fallbacks[0].split("graphify: ", 1)[-1].partition(" runs eagerly: ")
+        return f"the runtime ran {subject} eagerly ({why[:240]}), so it cannot be faster where it did"
     if not rewrite.data.get("graphs"):
         return "the rewrite captured no CUDA graph: every step ran eagerly, so it cannot be faster"
     speedup = report.speedup

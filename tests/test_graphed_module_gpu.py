@@ -1,0 +1,117 @@
+"""GraphedModule on a GPU decides once whether graphs pay: a GPU-bound forward is never captured, graphs
+whose replays are not clearly faster than eager passes are dropped, and the training then runs bit for
+bit as plain eager (the timed passes leave no trace); GRAPHIFY_CAPTURE=always keeps the graphs."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from graphify.runtime import GraphedModule, GraphifyFallbackWarning
+from graphify.runtime import graphed_module as graphed_module_runtime
+
+pytestmark = pytest.mark.cuda
+
+
+def _tiny():
+    return torch.nn.Linear(8, 4)
+
+
+def _normalised():
+    """Batch norm and dropout: what the timed passes change (running statistics, the CUDA RNG) shows."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 4)
+    )
+
+
+def _train(make_model, graphed: bool, steps=10, width=8, batch=16):
+    """(losses, parameters and buffers, CUDA RNG state, the GraphedModule or None, fallback messages)."""
+    torch.manual_seed(0)
+    model = make_model().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(batch, width, generator=g).cuda(), torch.randn(batch, 4, generator=g).cuda()) for _ in range(steps)]
+    call = GraphedModule(model) if graphed else model
+    losses = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x, y in batches:
+            opt.zero_grad()
+            out = call(x)
+            loss = torch.nn.functional.mse_loss(out[:, :4], y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    torch.cuda.synchronize()
+    state = [t.detach().clone() for t in [*model.parameters(), *model.buffers()]]
+    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+    return losses, state, torch.cuda.get_rng_state(), call if graphed else None, messages
+
+
+def _assert_bit_identical(got, expected):
+    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(got[2], expected[2])  # the CUDA RNG: the timed passes' draws were undone
+
+
+def _counting_captures(monkeypatch):
+    captures = []
+    end = torch.cuda.CUDAGraph.capture_end
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_end", lambda self, *a, **k: (captures.append(1), end(self, *a, **k))[1])
+    return captures
+
+
+def test_a_tiny_model_stays_eager_and_trains_as_plain_eager():
+    """One small linear layer: a replay costs more host time than its few launches save."""
+    expected = _train(_tiny, graphed=False)
+    got = _train(_tiny, graphed=True)
+    graphed, messages = got[3], got[4]
+    assert graphed.state["graphed"] is None and graphed.state["disabled"] is not None, messages
+    assert messages == [f"graphify: the model runs eagerly: {graphed.state['disabled']}"]
+    assert messages[0].startswith("graphify: the model runs eagerly: no gain expected: "), messages
+    _assert_bit_identical(got, expected)
+
+
+def test_dropped_graphs_leave_no_trace_in_batch_norm_or_the_rng(monkeypatch):
+    """Graphs timed and dropped (a gain no replay can reach): the capture's and the timed passes'
+    batch-norm updates and dropout draws are undone, and training matches plain eager bit for bit."""
+    monkeypatch.setattr(graphed_module_runtime, "MIN_REPLAY_GAIN", math.inf)
+    captures = _counting_captures(monkeypatch)
+    expected = _train(_normalised, graphed=False)
+    got = _train(_normalised, graphed=True)
+    assert captures == [1, 1]  # the forward and backward graphs were captured, then dropped
+    graphed, messages = got[3], got[4]
+    assert graphed.state["graphed"] is None
+    assert len(messages) == 1 and "no gain expected: a replayed forward and backward took " in messages[0], messages
+    _assert_bit_identical(got, expected)
+
+
+def test_a_gpu_bound_forward_is_never_captured(monkeypatch):
+    """Big matmuls keep the GPU busy far longer than their launch: the last warmup call tells, no capture."""
+    captures = _counting_captures(monkeypatch)
+    expected = _train(lambda: torch.nn.Linear(4096, 4096), graphed=False, steps=5, width=4096, batch=4096)
+    got = _train(lambda: torch.nn.Linear(4096, 4096), graphed=True, steps=5, width=4096, batch=4096)
+    graphed, messages = got[3], got[4]
+    assert captures == [] and graphed.state["graphed"] is None
+    assert len(messages) == 1 and "no gain expected: GPU-bound (its forward pass keeps the GPU busy " in messages[0], messages
+    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("make_model", [_tiny, _normalised], ids=["tiny", "batch-norm-dropout"])
+def test_graphify_capture_always_keeps_the_graphs(monkeypatch, make_model):
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    monkeypatch.setattr(graphed_module_runtime, "TIMED_PASSES", None)  # never consulted: no timing runs
+    replays = []
+    replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: (replays.append(1), replay(self))[1])
+    expected = _train(make_model, graphed=False)
+    got = _train(make_model, graphed=True)
+    graphed, messages = got[3], got[4]
+    assert messages == [] and graphed.state["graphed"] is not None and graphed.state["disabled"] is None
+    assert len(replays) == 2 * (10 - 3)  # a forward and a backward graph for every call after the warmup
+    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
