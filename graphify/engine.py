@@ -36,6 +36,7 @@ class LoopAnalysis:
     verdict: Verdict = Verdict.CAPTURABLE
     reasons: list[str] = field(default_factory=list)  # rule codes, or why the rewrite cannot capture it
     plan: Plan | PartialPlan | None = None  # the rewrite plan, when the loop can be captured
+    fetches: list[cst.Call] = field(default_factory=list)  # `next(...)` calls the rewrite fetches before the step
 
 
 @dataclass
@@ -124,6 +125,14 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
             finding = Finding(refusal.rule, refusal.node, _module_of(loop, refusal.node), str(refusal), fix, False)
             if reported(finding):
                 analysis.findings.append(finding)
+        for fetch in analysis.fetches:
+            # a batch taken with next() in the step breaks capture as written; the rewrite fetches it ahead
+            message = f"the step takes a batch with `{cst.Module([]).code_for_node(fetch)}`; capture would take it only once"
+            fix = "graphify rewrite fetches it before the replay, in the same order"
+            finding = Finding(HOST_SIDE_EFFECT, fetch, _module_of(loop, fetch), message, fix, True)
+            analysis.all_findings.append(finding)
+            if reported(finding):
+                analysis.findings.append(finding)
         if analysis.verdict == Verdict.NOT_CAPTURABLE:
             _try_partial(analysis, refusals)
         results.append(analysis)
@@ -169,7 +178,8 @@ def _confirm_rewrite(analysis: LoopAnalysis, module: ModuleInfo) -> list[Refusal
     loop = analysis.loop
     refusals: list[Refusal] = []
     try:
-        analysis.plan = make_plan(loop, analysis.all_findings, loop.func.node if loop.func.node is not None else module.tree, refusals)
+        enclosing = loop.func.node if loop.func.node is not None else module.tree
+        analysis.plan = make_plan(loop, analysis.all_findings, enclosing, refusals, analysis.fetches)
     except Refusal as refusal:
         if analysis.verdict != Verdict.NOT_CAPTURABLE:
             analysis.reasons = [refusal.reason]  # else the blocking findings stay the reasons

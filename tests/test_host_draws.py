@@ -123,3 +123,72 @@ def test_the_gan_trap_prints_the_same_on_the_cpu(settings, capsys):
         exec(compile(code, str(path), "exec"), {"__name__": "__main__"})
         printed.append(capsys.readouterr().out)
     assert printed[0] == printed[1] and printed[0].count("epoch") == 3
+
+
+MICRO_STEPS = """import torch
+device = "cuda"
+model = torch.nn.Linear(4, 1).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+batches = iter(loader)
+for it in range(100):
+    for micro in {header}:
+        {fetch}
+        loss = model(x.to(device)).sum() / 4
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
+    print(loss.item())
+"""
+
+
+def test_a_batch_fetched_in_each_micro_step_is_fetched_before_the_step_in_the_same_order(settings):
+    result = rewrite_source(MICRO_STEPS.format(header="range(4)", fetch="x = next(batches)"), "train.py", settings)
+    assert result.outcomes[0].rewritten, result.outcomes[0].reasons
+    code = result.code
+    assert "def train_step(x_each_drawn):" in code  # `loss` is bound in the micro-steps before it is read
+    assert "        x = x_each_drawn[micro]\n" in code  # pass `micro` reads the micro-th batch
+    # the runtime fetches them in pass order while the step runs eagerly, all four before a replay
+    assert code.index("    x_each_drawn = train_step.fetch(lambda: next(batches), 4)\n") < code.rindex("loss = train_step(x_each_drawn)")
+
+
+def test_a_batch_fetched_inside_the_model_call_is_fetched_before_the_step(settings):
+    source = MICRO_STEPS.format(header="range(4)", fetch="pass").replace("model(x.to(device))", "model(next(batches).to(device))")
+    result = rewrite_source(source, "train.py", settings)
+    assert result.outcomes[0].rewritten, result.outcomes[0].reasons
+    assert "batches_drawn = train_step.fetch(lambda: next(batches).to(device), 4)" in result.code
+    assert "loss = model(batches_drawn[micro]).sum() / 4" in result.code
+
+
+@pytest.mark.parametrize(
+    ("header", "fetch"),
+    [
+        ("range(1, 4)", "x = next(batches)"),  # not counted from 0: pass i would not read the i-th batch
+        ("range(4)", "x = next(batches) if micro % 2 else x"),  # fetched in some passes only
+        ("range(4)", "x = next(batches)\n        micro = 0"),  # the pass index rebound
+        ("range(4)", "x = next(batches)\n        if x.sum() > 0:\n            break"),  # fewer passes than counted
+        ("range(4)", "x = next(batches)\n        y = next(batches)"),  # a second fetch stays in the step
+        ("range(4)", "x = next(batches, None)"),  # a default value
+        ("[0, 1, 2, 3]", "x = next(batches)"),  # not a range
+    ],
+)
+def test_fetches_that_cannot_move_before_the_step_keep_the_step_eager(settings, header, fetch):
+    result = rewrite_source(MICRO_STEPS.format(header=header, fetch=fetch), "train.py", settings)
+    outcome = result.outcomes[0]
+    assert not outcome.rewritten or outcome.model_only  # at most the model's forward and backward are graphed
+    assert "_drawn" not in result.code
+
+
+@pytest.mark.parametrize(
+    ("line", "fetched"),
+    [
+        ("loss = model(next(batches).to(device)).sum()", True),  # fetched before anything of the step runs
+        ("loss = (model(x.to(device)) * next(batches).to(device)).sum()", False),  # after the forward pass
+    ],
+)
+def test_a_batch_fetched_in_the_step_is_fetched_before_it_only_ahead_of_the_step_work(settings, line, fetched):
+    source = MICRO_STEPS.replace(
+        "    for micro in {header}:\n        {fetch}\n        loss = model(x.to(device)).sum() / 4\n", f"    x = 1\n    {line}\n"
+    )
+    source = source.replace("        loss.backward()", "    loss.backward()")
+    result = rewrite_source(source, "train.py", settings)
+    assert ("batch_drawn = next(batches).to(device)" in result.code) is fetched, result.code

@@ -268,3 +268,28 @@ def test_the_fastest_timed_passes_decide_and_leave_gradients_alone(monkeypatch):
     assert timed == (2.0, 3.0)  # eager ticks 0 (untimed), 2, 4, 6; replayed ticks 1 (untimed), 3, 5, 7
     assert len(replays) == 1 + graphed_module.TIMED_PASSES
     assert torch.equal(model[0].weight.grad, torch.ones_like(model[0].weight)) and model[0].bias.grad is None
+
+
+def test_micro_step_batches_are_fetched_in_pass_order_off_cuda():
+    log = []
+
+    def fetch():
+        log.append("fetch")
+        return torch.ones(2)
+
+    def train_step(batches):
+        for micro in range(3):
+            log.append(f"pass {micro}")
+            batches[micro].sum()
+
+    step = CapturedStep(train_step)
+    step(step.fetch(fetch, 3))
+    assert log == ["pass 0", "fetch", "pass 1", "fetch", "pass 2", "fetch"]  # each when its pass reads it
+
+
+def test_fetched_batches_are_fetched_once_each_and_all_on_demand():
+    counter = iter(range(10))
+    fetched = CapturedStep.fetch(lambda: next(counter), 3)
+    assert fetched[1] == 1 and fetched[0] == 0 and len(fetched) == 3
+    assert fetched.fetch_all() == [0, 1, 2]
+    assert next(counter) == 3

@@ -10,7 +10,7 @@ from graphify.analysis.checker import is_logging_call
 from graphify.analysis.calls import is_model_call, is_step_op, method_call
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
-from graphify.analysis.vocabulary import MODEL, OPTIMIZER, SCALER, is_torch_tensor_call
+from graphify.analysis.vocabulary import ACCELERATOR, MODEL, OPTIMIZER, SCALER, is_torch_tensor_call
 
 _NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 # exact types, for the hottest loops (analysis/tree.py says why)
@@ -131,6 +131,8 @@ def does_gpu_work(node: cst.CSTNode, env: Env) -> bool:
                     return True
                 if kind == SCALER and m[1] in ("scale", "unscale_"):
                     return True
+                if kind == ACCELERATOR and m[1] in ("clip_grad_norm_", "clip_grad_value_"):
+                    return True  # clips on the device (unscaling first under fp16, which the runtime runs eagerly)
                 if env.is_tensor(m[0]) or _in_place_on_data(*m):
                     return True
         elif isinstance(n, cst.BinaryOperation) and (env.is_tensor(n.left) or env.is_tensor(n.right)):

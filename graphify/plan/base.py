@@ -68,6 +68,9 @@ class Plan:
     # `torch.randn(b, n).to(device)` in a captured statement -> (input name, the expression), evaluated
     # before the call in source order (draws.py); keyed by the expression's id
     draws: dict[int, tuple[str, cst.BaseExpression]] = field(default_factory=dict)
+    # draws made in each pass of a micro-step loop in the step: key -> (the loop's count, its index name)
+    draw_repeats: dict[int, tuple[cst.BaseExpression, str]] = field(default_factory=dict)
+    fetches: list[cst.Call] = field(default_factory=list)  # the `next(...)` calls among the drawn expressions
     # breakers the rewrite cannot remove, left eager where they stand outside the step (Finding)
     eager: list = field(default_factory=list)
 

@@ -14,10 +14,10 @@ import libcst as cst
 
 from graphify.analysis.checker import Finding, kwarg, removable
 from graphify.analysis.calls import method_call
-from graphify.analysis.statements import names_read, names_written, walk
+from graphify.analysis.statements import contains, names_read, names_written, walk
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
-from graphify.plan.base import Plan, ReplaceNodes
+from graphify.plan.base import EMPTY, Plan, ReplaceNodes
 from graphify.plan.dataflow import RANDOM_FACTORIES as _RANDOM
 from graphify.plan.names import fresh_name
 from graphify.rules.allocation import HOST_DATA
@@ -27,7 +27,7 @@ from graphify.rules.rewrite_safety import HOST_RANDOM
 # torch calls that build a new host tensor (or copy one) and change nothing else but the host generator
 _BUILDERS = _RANDOM | {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "eye", "arange", "linspace", "Variable"}
 _METHODS = {"to", "cuda", "type", "float", "double", "half", "long", "int", "bool", "view", "reshape", "unsqueeze", "contiguous", "size"}
-_BUILTINS = {"len", "int", "float", "tuple", "list", "min", "max"}
+_BUILTINS = {"len", "int", "float", "tuple", "list", "min", "max", "next"}
 
 
 def plan_draws(plan: Plan, body: list[cst.BaseStatement], findings: list[Finding], env: Env) -> None:
@@ -46,23 +46,99 @@ def plan_draws(plan: Plan, body: list[cst.BaseStatement], findings: list[Finding
         if index is not None:
             up = parents.setdefault(index, _parents(body[index]))
             by_stmt.setdefault(index, []).append(_widen(up, f.node, env))
+    statements = {index: body[index] for index in by_stmt}
+    repeats: dict[int, tuple[cst.BaseExpression, str]] = {}  # a statement of a micro-step loop -> (its count, index)
+    for place, stmt, fetches, repeat in _fetches(plan, body, plain, env):
+        up = parents.setdefault(place, _parents(stmt))
+        by_stmt.setdefault(place, []).extend(_widen(up, call, env) for call in fetches)
+        statements[place] = stmt
+        if repeat is not None:
+            repeats[place] = repeat
     if not by_stmt:
         return
     changed = set().union(*(names_written(body[i]) for i in span), *(names_written(body[i]) for i in plan.pulled_in))
-    for index in sorted(by_stmt):
-        outermost = [e for e in by_stmt[index] if not any(e is not o and id(e) in _ids(o) for o in by_stmt[index])]
-        if len({id(e) for e in outermost}) != 1:
+    for place in sorted(by_stmt):
+        expr = _outermost(by_stmt[place])
+        if expr is None:
             continue  # two draws in one statement: their order of evaluation is not the order of the source
-        expr = outermost[0]
-        if names_read(expr) & changed or _conditionally_evaluated(parents[index], expr) or not _builds_only(expr, env):
+        if names_read(expr) & changed or _conditionally_evaluated(parents[place], expr) or not _builds_only(expr, env):
             continue
-        target = _assigned_name(body[index])
-        plan.draws[id(expr)] = (f"{target or 'host'}_drawn", expr)
+        plan.draws[id(expr)] = (f"{_input_base(statements[place], expr, place in repeats, env)}_drawn", expr)
+        if place in repeats:
+            plan.draw_repeats[id(expr)] = repeats[place]
+    loops = [int(place) for place in repeats if id(_outermost(by_stmt[place])) in plan.draws]
+    if any(loops.count(i) > 1 for i in loops):
+        plan.draws.clear()  # two draws per pass, drawn k at a time, would interleave differently
+        return
     if _draws_left_in_step(plan, body, env):
         plan.draws.clear()
         return
+    plan.fetches = [call for _, expr in plan.draws.values() for call in _next_calls(expr, env)]
     taken = plan.loop.module.names
     plan.draws = {key: (fresh_name(base, taken), expr) for key, (base, expr) in plan.draws.items()}
+
+
+def _outermost(exprs: list[cst.BaseExpression]) -> cst.BaseExpression | None:
+    """The one draw of a statement that holds the others, or None when it holds two apart."""
+    outermost = [e for e in exprs if not any(e is not o and id(e) in _ids(o) for o in exprs)]
+    return outermost[0] if len({id(e) for e in outermost}) == 1 else None
+
+
+def _fetches(plan: Plan, body, plain: set[int], env: Env):
+    """`next(loader)` in the step: (place, statement, its next() calls, repeat). A batch fetched in a
+    captured statement is drawn like a host tensor; one fetched in each pass of a micro-step loop
+    (`for _ in range(k): loss = model(next(loader))`) is drawn k times before the step, in the same
+    order, and pass `i` reads the i-th (repeat: the loop's count and index name). Places of a micro-step
+    loop's statements are fractional, after the loop's own index, so that draws keep source order."""
+    for i in range(plan.first, plan.last + 1):
+        if i in plain:
+            # fetched ahead of the step's own work: on a CPU the host generator serves both
+            fetches = [c for c in _next_calls(body[i], env) if i == plan.first and _evaluated_first(body[i], c)]
+            yield i, body[i], fetches, None
+        elif i not in plan.hoisted and i not in plan.keys and (repeat := _micro_step_loop(body[i], env)) is not None:
+            for k, stmt in enumerate(body[i].body.body):
+                if isinstance(stmt, cst.SimpleStatementLine):
+                    yield i + (k + 1) / (len(body[i].body.body) + 1), stmt, _next_calls(stmt, env), repeat
+
+
+def _next_calls(stmt: cst.CSTNode, env: Env) -> list[cst.Call]:
+    return [
+        n
+        for n in walk(stmt)
+        if isinstance(n, cst.Call) and (env.qualify(n.func) or "") == "next" and len(n.args) == 1 and n.args[0].keyword is None
+    ]
+
+
+def _evaluated_first(stmt: cst.CSTNode, call: cst.Call) -> bool:
+    """Whether no call of `stmt` runs before `call` but the calls that hold it (`model(next(it))`): the
+    source order, which is Python's order of evaluation for the arguments and values of a statement."""
+    for n in _preorder(stmt):
+        if n is call:
+            return True
+        if isinstance(n, cst.Call) and not contains(n, call):
+            return False
+    return False
+
+
+def _preorder(node: cst.CSTNode):
+    yield node
+    for c in children(node):
+        yield from _preorder(c)
+
+
+def _micro_step_loop(stmt: cst.BaseStatement, env: Env) -> tuple[cst.BaseExpression, str] | None:
+    """`for i in range(k):` that runs its whole body k times (no `break`, `continue`, `return` or
+    `else`) and never rebinds `i`: (k, "i")."""
+    if not (isinstance(stmt, cst.For) and stmt.orelse is None and isinstance(stmt.target, cst.Name)):
+        return None
+    it = stmt.iter
+    if not (isinstance(it, cst.Call) and (env.qualify(it.func) or "") == "range" and len(it.args) == 1 and it.args[0].keyword is None):
+        return None
+    if not isinstance(stmt.body, cst.IndentedBlock) or stmt.target.value in set().union(*(names_written(s) for s in stmt.body.body)):
+        return None
+    if any(isinstance(n, (cst.Break, cst.Continue, cst.Return, cst.Yield, cst.Raise)) for n in walk(stmt.body)):
+        return None
+    return it.args[0].value, stmt.target.value
 
 
 def _ids(root: cst.CSTNode) -> set[int]:
@@ -136,18 +212,41 @@ def _draws_left_in_step(plan: Plan, body, env: Env) -> bool:
     return False
 
 
-def _assigned_name(stmt: cst.SimpleStatementLine) -> str | None:
+def _input_base(stmt: cst.SimpleStatementLine, expr: cst.BaseExpression, repeated: bool, env: Env) -> str:
+    """The name the drawn value takes: the variable it is assigned to (`z = torch.randn(...)`), else
+    what it is (`model(next(loader))`: a batch)."""
     small = stmt.body[0] if len(stmt.body) == 1 else None
-    if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
-        return small.targets[0].target.value
-    return None
+    if isinstance(small, cst.Assign) and small.value is expr and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+        return small.targets[0].target.value + ("_each" if repeated else "")
+    if _next_calls(expr, env):
+        return "batches" if repeated else "batch"
+    return "host"
 
 
 def replace_draws(plan: Plan, stmt: cst.BaseStatement) -> cst.BaseStatement:
     """The statement as the step runs it: each drawn expression replaced by its input's name."""
     if not plan.draws:
         return stmt
-    return stmt.visit(ReplaceNodes({key: cst.Name(name) for key, (name, _) in plan.draws.items()}))
+    return stmt.visit(ReplaceNodes({key: drawn_value(plan, key) for key in plan.draws}))
+
+
+def drawn_value(plan: Plan, key: int) -> cst.BaseExpression:
+    """What the step reads in place of a drawn expression: its input, or the pass's item of it."""
+    name = cst.Name(plan.draws[key][0])
+    if key not in plan.draw_repeats:
+        return name
+    index = plan.draw_repeats[key][1]
+    return cst.Subscript(name, [cst.SubscriptElement(cst.Index(cst.Name(index)))])
+
+
+def draw_statement(plan: Plan, key: int, step_name: str) -> cst.BaseStatement:
+    """`name = expr`; for a batch fetched in each pass of a micro-step loop, `name = step.fetch(lambda:
+    expr, k)`: the runtime fetches in pass order while the step runs eagerly, all k before a replay."""
+    name, expr = plan.draws[key]
+    code = EMPTY.code_for_node(expr)
+    if key in plan.draw_repeats:
+        code = f"{step_name}.fetch(lambda: {code}, {EMPTY.code_for_node(plan.draw_repeats[key][0])})"
+    return cst.parse_statement(f"{name} = {code}")
 
 
 def drawn_nodes(plan: Plan) -> set[int]:

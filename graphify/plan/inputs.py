@@ -39,7 +39,7 @@ def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enc
     read_first: set[str] = set()  # names the step reads before it binds them itself
     bound: set[str] = set()
     for stmt in graph_stmts:
-        read_first |= names_read(stmt) - bound
+        read_first |= _read_before_bound(stmt, bound)
         bound |= names_written(stmt)
     inputs = []
     this_loop = names_written(plan.loop.node)
@@ -54,7 +54,9 @@ def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enc
                     why = f"the step reads `{name}`, a host value that changes between steps; capture would freeze it"
                     # a statement split by the planner (`x_tensor = model(x).argmax()`) is not in the source: its original is
                     originals = {id(plan.hoisted[i][0]): body[i] for i in plan.hoisted}
-                    for reader in _statements_reading(name, graph_stmts) or [None]:
+                    # the source's statements, not their copies with draws replaced: check points into the file
+                    source_stmts = [plan.hoisted[i][0] if i in plan.hoisted else body[i] for i in plan.graph]
+                    for reader in _statements_reading(name, source_stmts) or [None]:
                         refuse(PER_STEP_HOST_VALUE, originals.get(id(reader), reader), why)
                 continue
             inputs.append(name)
@@ -62,6 +64,20 @@ def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enc
     plan.outputs = _in_source_order([n for n in written if n in outside], graph_stmts)
     after_loop = _names_read_outside(enclosing, {id(plan.loop.node)})
     plan.clones = [n for n in plan.outputs if n in after_loop or _kept_in_loop(n, body, plan)]
+
+
+def _read_before_bound(stmt: cst.BaseStatement, bound: set[str]) -> set[str]:
+    """Names `stmt` reads before it binds them, given the names `bound` before it. A `for` body is
+    followed statement by statement: `for _ in range(k): loss = model(x); loss.backward()` reads no
+    earlier `loss`, while a body that reads a name before rebinding it reads the last pass's value."""
+    if not (isinstance(stmt, cst.For) and stmt.orelse is None and isinstance(stmt.body, cst.IndentedBlock)):
+        return names_read(stmt) - bound
+    reads = names_read(stmt.iter) - bound
+    inner = bound | names_written(cst.Assign([cst.AssignTarget(stmt.target)], cst.Name("_")))
+    for s in stmt.body.body:
+        reads |= _read_before_bound(s, inner)
+        inner = inner | names_written(s)
+    return reads
 
 
 def _statements_reading(name: str, stmts) -> list[cst.CSTNode]:

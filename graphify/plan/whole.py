@@ -58,16 +58,18 @@ from graphify.rules.rewrite_safety import (
 )
 
 
-def make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refusals: list[Refusal] | None = None) -> Plan:
+def make_plan(
+    loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refusals: list[Refusal] | None = None, fetches: list | None = None
+) -> Plan:
     """`findings`: every breaker reported in the loop's region; `enclosing`: the function (or module)
     that holds the loop. Raises Refusal when the loop cannot be captured without changing its training:
     the first reason found. `refusals`, when given, receives every reason found, for `check` to report:
-    checks that can go on past a reason record it and go on; the others stop the plan."""
+    checks that can go on past a reason record it and go on; the others stop the plan. `fetches`, when
+    given, receives the `next(...)` calls the plan would fetch before the step, refused or not."""
     found = [] if refusals is None else refusals
     try:
-        plan = _make_plan(
-            loop, findings, enclosing, lambda rule, node, message, certain=True: found.append(Refusal(rule, message, node, certain))
-        )
+        refuse = lambda rule, node, message, certain=True: found.append(Refusal(rule, message, node, certain))  # noqa: E731
+        plan = _make_plan(loop, findings, enclosing, refuse, [] if fetches is None else fetches)
     except Refusal as refusal:
         found.append(refusal)
     if found:
@@ -75,7 +77,7 @@ def make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refus
     return plan
 
 
-def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refuse) -> Plan:
+def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refuse, fetches: list) -> Plan:
     if loop.node.orelse is not None:
         raise Refusal(LOOP_SHAPE, "loops with an `else:` clause are not rewritten", loop.node)
     body = body_of(loop)
@@ -107,6 +109,7 @@ def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refu
         # each keyed graph keeps its own gradient buffers only if zero_grad keeps them (set_to_none=False)
         refuse(LOOP_SHAPE, None, "gradients are zeroed inside a function the step calls, between keyed branches")
     plan_draws(plan, body, findings, env)
+    fetches.extend(plan.fetches)
     dataflow.check_captured_code(plan, body, refuse)
     _check_breakers(plan, findings, body, refuse)
     plan.device_factories = {

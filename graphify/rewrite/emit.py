@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from graphify.plan import PartialPlan, Plan
+from graphify.plan.draws import draw_statement, drawn_value
 
 CAPTURED_STEP, GRAPHED_MODULE, DDP_BUILDER = "CapturedStep", "GraphedModule", "build_on_capture_stream"
 
@@ -54,7 +55,7 @@ class Rewriter(cst.CSTTransformer):
         self.ddp_builds = {k for e in emissions if isinstance(e.plan, Plan) for k in e.plan.ddp_builds}
         self.ddp_builder = helper_names.get(DDP_BUILDER, DDP_BUILDER)
         # expressions of a step evaluated before its call: the step reads their input instead
-        self.drawn = {k: name for e in emissions if isinstance(e.plan, Plan) for k, (name, _) in e.plan.draws.items()}
+        self.drawn = {k: drawn_value(e.plan, k) for e in emissions if isinstance(e.plan, Plan) for k in e.plan.draws}
         self.renames: dict[int, str] = {}  # model call -> the graphed module it now calls
         self.defs: dict[int, list[cst.BaseStatement]] = {}
         for e in emissions:
@@ -82,7 +83,7 @@ class Rewriter(cst.CSTTransformer):
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         if id(original) in self.drawn:
-            return cst.Name(self.drawn[id(original)])
+            return self.drawn[id(original)]
         if id(original) in self.renames:
             return updated.with_changes(func=cst.Name(self.renames[id(original)]))
         if id(original) in self.device_factories:  # `torch.zeros(n).to(device)` -> `torch.zeros(n, device=device)`
@@ -140,10 +141,16 @@ class Rewriter(cst.CSTTransformer):
                 leading_lines=[_comment("copy outputs kept beyond this step: the next replay overwrites them")]
             )
 
-        draws = [cst.parse_statement(f"{name} = {_EMPTY.code_for_node(expr)}") for name, expr in plan.draws.values()]
+        draws = [draw_statement(plan, key, emission.step_name) for key in plan.draws]
         if draws:
             draws[0] = draws[0].with_changes(
-                leading_lines=[_comment("tensors the step builds from host values (random draws), built before it in the same order")]
+                leading_lines=[
+                    _comment(
+                        "batches the micro-steps fetch: in pass order while the step runs eagerly, all before a replay"
+                        if plan.draw_repeats
+                        else "what the step takes from the host (batches, random draws), taken before it in the same order"
+                    )
+                ]
             )
         after = sorted(plan.after + plan.tail + list(plan.split_ifs) + list(plan.hoisted))
         moved_after = []

@@ -10,6 +10,7 @@ import torch
 
 from graphify.runtime.common import (
     WARMUP,
+    Fetched,
     GraphifyFallbackWarning,
     Timing,
     capture_forced,
@@ -45,6 +46,7 @@ class _Captures:
         self.frozen: list = []  # (param group, name, value at capture) the graph cannot follow
         self.recaptures = 0  # times the graphs were dropped because a frozen setting changed
         self.load: Timing | None = None  # of the last warmup step
+        self.fetch_checks: int | None = None  # eager calls that fetched micro-step batches in order; -1 off CUDA
         self.measured: tuple | None = None  # (GPU ms, host ms) of that step, once the capture decision used it
 
 
@@ -78,9 +80,14 @@ class CapturedStep:
         self.state = state
 
     copy = staticmethod(copy_outputs)
+    fetch = staticmethod(Fetched)  # `train_step.fetch(lambda: next(loader), k)`: the batches of k micro-steps
 
     def __call__(self, *inputs, key=()):
         state = self.state
+        if any(isinstance(x, Fetched) for x in inputs):
+            if not self._fetch_ahead():
+                return self._fetch_in_order(inputs)
+            inputs = tuple(x.fetch_all() if isinstance(x, Fetched) else x for x in inputs)
         if self.device is not None and self.device.type == "cuda":
             inputs = tree_map(lambda t: t.to(self.device, non_blocking=True), inputs)
         tensors, host = split(inputs)
@@ -121,6 +128,34 @@ class CapturedStep:
         if self._gpu_bound():
             return self._eager(tensors, inputs)
         return self._capture(key, tensors, inputs)
+
+    def _fetch_ahead(self) -> bool:
+        """Whether the micro-step batches of this call may be fetched before it: on CUDA, once `warmup`
+        calls fetching in pass order have shown that fetching leaves the CUDA generators alone."""
+        state = self.state
+        if state.fetch_checks is None:
+            device = self._param_device()
+            state.fetch_checks = 0 if device is not None and device.type == "cuda" else -1
+        return state.fetch_checks >= self.warmup and state.disabled is None
+
+    def _fetch_in_order(self, inputs):
+        """The step run eagerly, fetching each micro-step's batch when that pass reads it, as the source
+        does; on CUDA, watching whether a fetch draws from a CUDA generator (then it stays so for good)."""
+        state = self.state
+        if state.fetch_checks < 0:
+            return self.step(*inputs)  # off CUDA
+        if not state.inspected:
+            self._inspect()
+        fetched = [x for x in inputs if isinstance(x, Fetched)]
+        if state.disabled is None:
+            state.fetch_checks += 1
+            for x in fetched:
+                x.watched = True
+        result = self._eager([], inputs)
+        if state.disabled is None and any(x.moved_device_generator for x in fetched):
+            state.disabled = "the batches it fetches in each micro-step draw from a CUDA generator; fetched before the step, they would change places with the step's own draws"
+            self._warn(state.disabled)
+        return result
 
     # ---- first calls ----------------------------------------------------------------------------
 

@@ -146,3 +146,39 @@ def copy_outputs(value):
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else "no message"
+
+
+class Fetched:
+    """The batches a micro-step loop in the step fetches, one per pass (`next(loader)` in each of `count`
+    passes). The source fetches them between passes; a replay needs them all before it starts. So they
+    are fetched on demand, in pass order, while the step runs eagerly (exactly as the source does: on a
+    CPU, where the model's own random draws share the host's generator with the fetch, and during
+    warmup), and all at once before a capture or replay. `watched`: record whether fetching moves a CUDA
+    generator, since fetched ahead such draws would change places with the step's own."""
+
+    def __init__(self, fetch, count: int):
+        self.fetch = fetch
+        self.count = count
+        self.items: list = []
+        self.watched = False
+        self.moved_device_generator = False
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int):
+        while len(self.items) <= index:
+            before = _device_offsets() if self.watched else None
+            self.items.append(self.fetch())
+            if before is not None and before != _device_offsets():
+                self.moved_device_generator = True
+        return self.items[index]
+
+    def fetch_all(self) -> list:
+        if self.count > 0:
+            self[self.count - 1]
+        return list(self.items)
+
+
+def _device_offsets() -> tuple:
+    return tuple(g.get_offset() for g in torch.cuda.default_generators)
