@@ -2,6 +2,7 @@
 
     python bench/real/run.py prepare [--mirrors DIR]     # here: lay out scripts and support files
     python bench/real/run.py run [--only ID ...] [--json FILE] [--repeat N]   # GPU machine: data, verify, timing
+                                                  # (--only replaces those records of FILE, keeps the rest)
     python bench/real/run.py report --json FILE [--out FILE]     # the table (bench/results/real_run.md)
 
 `prepare` needs the git mirrors (bench/real/restore.py); it writes bench/real/work/<id>/ (git-ignored),
@@ -85,6 +86,8 @@ def _environment(run: dict) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1", MPLBACKEND="Agg")
     if run.get("cifar_shim"):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE / "shim"), env.get("PYTHONPATH")]))
+    if run.get("wandb_shim"):  # Weights & Biases without an account or network: its calls do nothing
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE / "shim" / "wandb"), env.get("PYTHONPATH")]))
     if run.get("terminal_shim"):  # `stty size` answers without a terminal
         env["PATH"] = os.pathsep.join([str(HERE / "shim" / "bin"), env.get("PATH", "")])
     return env
@@ -242,7 +245,8 @@ def _timed(runs: list[dict]) -> dict:
 def run_all(only: list[str] | None, out: Path, repeat: int = 3) -> int:
     manifest = {e["id"]: e for e in load_manifest()}
     runs, not_run = load_runs()
-    records = []
+    # `--only` updates those scripts' records and keeps the others of an earlier run
+    records = [r for r in json.loads(out.read_text())["records"] if r["id"] not in only] if only and out.exists() else []
     for run in runs:
         if only and run["id"] not in only:
             continue

@@ -110,7 +110,23 @@ def timm_checkpoint(path: Path, model: str = "resnet18", num_classes: int = 10) 
     subprocess.run([sys.executable, "-c", code, model, str(num_classes), path.name], cwd=path.parent, check=True)
 
 
+def byte_archive(path: Path, size: int = 92_000_000) -> None:
+    """A gzip file of `size` bytes of printable text (enwik8's layout: a byte stream that scripts read
+    whole and split at 90e6 for validation, so the size must pass that split)."""
+    if path.exists():
+        return
+    import gzip
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    chunk = 4_000_000
+    with gzip.open(path, "wb", compresslevel=1) as handle:
+        for start in range(0, size, chunk):
+            handle.write(rng.integers(32, 127, size=min(chunk, size - start), dtype=np.uint8).tobytes())
+
+
 GENERATORS = {
+    "byte_archive": byte_archive,
     "timm_checkpoint": timm_checkpoint,
     "mnist": mnist,
     "cifar10": cifar10,
