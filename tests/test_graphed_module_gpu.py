@@ -64,17 +64,6 @@ def _counting_captures(monkeypatch):
     return captures
 
 
-def test_a_tiny_model_stays_eager_and_trains_as_plain_eager():
-    """One small linear layer: a replay costs more host time than its few launches save."""
-    expected = _train(_tiny, graphed=False)
-    got = _train(_tiny, graphed=True)
-    graphed, messages = got[3], got[4]
-    assert graphed.state["graphed"] is None and graphed.state["disabled"] is not None, messages
-    assert messages == [f"graphify: the model runs eagerly: {graphed.state['disabled']}"]
-    assert messages[0].startswith("graphify: the model runs eagerly: no gain expected: "), messages
-    _assert_bit_identical(got, expected)
-
-
 def test_dropped_graphs_leave_no_trace_in_batch_norm_or_the_rng(monkeypatch):
     """Graphs timed and dropped (a gain no replay can reach): the capture's and the timed passes'
     batch-norm updates and dropout draws are undone, and training matches plain eager bit for bit."""

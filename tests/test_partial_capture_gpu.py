@@ -131,16 +131,21 @@ def test_gradients_kept_across_replays_train_like_the_original(tmp_path, script)
     assert report.rewrite.data["graphs"] == 2
 
 
-def test_a_model_too_small_to_gain_runs_eagerly_and_verify_says_why(tmp_path):
-    """One small linear layer: a replay costs more host time than its few launches save, so the model
-    stays eager and verify's verdict gives the runtime's reason."""
-    script = SCRIPT.replace(
-        "nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 4))", "nn.Linear(32, 4)"
+def test_a_model_left_eager_is_named_with_the_reason_in_verify(tmp_path):
+    """A GPU-bound model (big matmuls keep the GPU busy far longer than their launch): the runtime leaves
+    it eager, and verify's verdict gives the runtime's reason."""
+    script = (
+        SCRIPT.replace(
+            "nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 4))",
+            "nn.Sequential(nn.Linear(32, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4))",
+        )
+        .replace("torch.randn(100, 32)", "torch.randn(8192, 32)")
+        .replace("batch_size=16", "batch_size=4096")
     )
     assert script != SCRIPT
     path = tmp_path / "train.py"
     path.write_text(script)
     assert "GraphedModule(model)" in rewrite_source(script, str(path)).code
-    report = verify_file(str(path), steps=20)
+    report = verify_file(str(path), steps=12)
     assert report.passed, (report.message, report.detail, report.to_dict())
-    assert report.verdict.startswith("the runtime ran the model eagerly (no gain expected: "), report.verdict
+    assert report.verdict.startswith("the runtime ran the model eagerly (no gain expected: GPU-bound"), report.verdict
