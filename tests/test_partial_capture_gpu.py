@@ -139,7 +139,7 @@ def test_a_model_left_eager_is_named_with_the_reason_in_verify(tmp_path):
             "nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 4))",
             "nn.Sequential(nn.Linear(32, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4))",
         )
-        .replace("torch.randn(100, 32)", "torch.randn(8192, 32)")
+        .replace("torch.randn(100, 32), torch.randint(0, 4, (100,))", "torch.randn(8192, 32), torch.randint(0, 4, (8192,))")
         .replace("batch_size=16", "batch_size=4096")
     )
     assert script != SCRIPT

@@ -245,28 +245,31 @@ def _timed(runs: list[dict]) -> dict:
 def run_all(only: list[str] | None, out: Path, repeat: int = 3) -> int:
     manifest = {e["id"]: e for e in load_manifest()}
     runs, not_run = load_runs()
-    # `--only` updates those scripts' records and keeps the others of an earlier run
-    records = [r for r in json.loads(out.read_text())["records"] if r["id"] not in only] if only and out.exists() else []
+    # `--only` updates those scripts' records and keeps the others of an earlier run, and its device
+    earlier = json.loads(out.read_text()) if only and out.exists() else None
+    records = [r for r in earlier["records"] if r["id"] not in only] if earlier else []
+    device = _device()
     for run in runs:
         if only and run["id"] not in only:
             continue
         started = time.perf_counter()
         record = run_one(manifest[run["id"]], run, repeat)
         record["seconds"] = round(time.perf_counter() - started, 1)
+        record["device"] = device
         print(json.dumps(record), flush=True)
         records.append(record)
-        _save(out, records)
+        _save(out, records, earlier["device"] if earlier else device)
     for script_id, why in not_run.items():
         if not only:
             entry = manifest[script_id]
             records.append({"id": script_id, "repo": entry["repo"], "path": entry["path"], "skipped": why})
-    _save(out, records)
+    _save(out, records, earlier["device"] if earlier else device)
     return 0
 
 
-def _save(out: Path, records: list[dict]) -> None:
+def _save(out: Path, records: list[dict], device: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"records": records, "device": _device()}, indent=1))
+    out.write_text(json.dumps({"records": records, "device": device}, indent=1))
 
 
 def _device() -> str:

@@ -43,7 +43,7 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×" if a and b else "—"
 
 
-def _row(record: dict, loops: list[dict]) -> str:
+def _row(record: dict, loops: list[dict], device: str) -> str:
     rewritten = ", ".join(f"{lp['line']} {lp['kind'][:5]}{_partial(lp)}" for lp in loops if lp["rewritten"]) or "—"
     refused = (
         "; ".join(f"{lp['line']} {lp['kind'][:5]} {'/'.join(lp['codes'])} ({_refusal_truth(lp)})" for lp in loops if not lp["rewritten"])
@@ -58,6 +58,8 @@ def _row(record: dict, loops: list[dict]) -> str:
     state = verify["status"] + (f" (loop {verify['loop']})" if verify.get("loop") else "")
     if verify["status"] != "passed" and verify.get("message"):
         state += f": {verify['message'][:90]}"
+    if record.get("device", device) != device:  # a later run of this script alone, on another card
+        state += f" (on {record['device']})"
     fallback = next((n.split("graphify: ", 1)[-1] for n in verify.get("runtime_notes") or [] if FALLBACK in n), None)
     if fallback:
         state += f"; the runtime fell back to eager ({fallback[:110]})"
@@ -144,7 +146,7 @@ def write_report(json_path: Path, out: Path) -> int:
     not_run = load_runs()[1]
     seen = {record["id"] for record in records}
     records += [{"id": e["id"], "skipped": not_run.get(e["id"], "no run in runs.toml")} for e in load_manifest() if e["id"] not in seen]
-    lines += [_row(record, static.get(record["id"], record.get("loops", []))) for record in records]
+    lines += [_row(record, static.get(record["id"], record.get("loops", [])), doc["device"]) for record in records]
     out.write_text("\n".join(lines) + "\n")
     print(out.read_text())
     return 0
