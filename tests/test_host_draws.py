@@ -192,3 +192,13 @@ def test_a_batch_fetched_in_the_step_is_fetched_before_it_only_ahead_of_the_step
     source = source.replace("        loss.backward()", "    loss.backward()")
     result = rewrite_source(source, "train.py", settings)
     assert ("batch_drawn = next(batches).to(device)" in result.code) is fetched, result.code
+
+
+def test_a_draw_after_the_micro_steps_keeps_the_step_eager(settings):
+    """The micro-steps' batches are fetched during the call (or at its start), a host draw before it: a draw
+    made after the micro-steps in the source would move ahead of the fetches that share its generator."""
+    source = MICRO_STEPS.format(header="range(4)", fetch="x = next(batches)").replace(
+        "    opt.step()\n", "    noise = torch.randn(4).to(device)\n    (model(noise).sum()).backward()\n    opt.step()\n"
+    )
+    result = rewrite_source(source, "train.py", settings)
+    assert "_drawn" not in result.code

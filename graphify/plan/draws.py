@@ -66,12 +66,17 @@ def plan_draws(plan: Plan, body: list[cst.BaseStatement], findings: list[Finding
         plan.draws[id(expr)] = (f"{_input_base(statements[place], expr, place in repeats, env)}_drawn", expr)
         if place in repeats:
             plan.draw_repeats[id(expr)] = repeats[place]
-    loops = [int(place) for place in repeats if id(_outermost(by_stmt[place])) in plan.draws]
-    if any(loops.count(i) > 1 for i in loops):
-        plan.draws.clear()  # two draws per pass, drawn k at a time, would interleave differently
-        return
-    if _draws_left_in_step(plan, body, env):
+    drawn = [place for place in sorted(by_stmt) if id(_outermost(by_stmt[place])) in plan.draws]
+    per_pass = [place for place in drawn if place in repeats]
+    loops = [int(place) for place in per_pass]
+    if (
+        any(loops.count(i) > 1 for i in loops)  # two draws per pass, drawn k at a time, would interleave differently
+        # the batches of micro-steps are fetched during the call (or at its start), the other draws before it
+        or (per_pass and any(place > per_pass[0] for place in drawn if place not in repeats))
+        or _draws_left_in_step(plan, body, env)
+    ):
         plan.draws.clear()
+        plan.draw_repeats.clear()
         return
     plan.fetches = [call for _, expr in plan.draws.values() for call in _next_calls(expr, env)]
     taken = plan.loop.module.names
