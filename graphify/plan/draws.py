@@ -6,6 +6,10 @@ before the step call instead, under a fresh name, and the step receives it as an
 its static buffer). That is the same training when nothing the expression reads is changed by the
 step before it, and when nothing else in the step draws from a host generator, so that the draws keep
 their order. The step's GPU work draws only from the device generator, which the host draws never touch.
+
+Batches taken with `next(it)` are inputs too: before the call where nothing of the step runs before the
+fetch; through `CapturedStep.fetch` where each pass of a micro-step loop takes one, since there the
+fetches interleave with the passes' work (a CPU run's dropout shares the host generator with them).
 """
 
 from __future__ import annotations
@@ -90,11 +94,12 @@ def _outermost(exprs: list[cst.BaseExpression]) -> cst.BaseExpression | None:
 
 
 def _fetches(plan: Plan, body, plain: set[int], env: Env):
-    """`next(loader)` in the step: (place, statement, its next() calls, repeat). A batch fetched in a
-    captured statement is drawn like a host tensor; one fetched in each pass of a micro-step loop
-    (`for _ in range(k): loss = model(next(loader))`) is drawn k times before the step, in the same
-    order, and pass `i` reads the i-th (repeat: the loop's count and index name). Places of a micro-step
-    loop's statements are fractional, after the loop's own index, so that draws keep source order."""
+    """`next(loader)` in the step: (place, statement, its next() calls, repeat). A batch fetched before
+    anything else of the step runs is drawn like a host tensor; one fetched in each pass of a micro-step
+    loop (`for _ in range(k): loss = model(next(loader))`) is handed to the runtime's `fetch` (in pass
+    order while the step runs eagerly, all k before a replay), and pass `i` reads the i-th (repeat: the
+    loop's count and index name). Places of a micro-step loop's statements are fractional, after the
+    loop's own index, so that draws keep source order."""
     for i in range(plan.first, plan.last + 1):
         if i in plain:
             # fetched ahead of the step's own work: on a CPU the host generator serves both
