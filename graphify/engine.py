@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from graphify.analysis.checker import Checker, Finding, removable
+from graphify.analysis.checker import Checker, Finding, code_of, removable
 from graphify.analysis.discovery import ModuleAnalysis
 from graphify.analysis.region import Loop
 from graphify.analysis.statements import contains, walk
@@ -127,7 +127,7 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
                 analysis.findings.append(finding)
         for fetch in analysis.fetches:
             # a batch taken with next() in the step breaks capture as written; the rewrite fetches it ahead
-            message = f"the step takes a batch with `{cst.Module([]).code_for_node(fetch)}`; capture would take it only once"
+            message = f"the step takes a batch with `{code_of(fetch)}`; capture would take it only once"
             fix = "graphify rewrite fetches it before the replay, in the same order"
             finding = Finding(HOST_SIDE_EFFECT, fetch, _module_of(loop, fetch), message, fix, True)
             analysis.all_findings.append(finding)
