@@ -104,3 +104,55 @@ def test_graphify_capture_always_keeps_the_graphs(monkeypatch, make_model):
     assert len(replays) == 2 * (10 - 3)  # a forward and a backward graph for every call after the warmup
     for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+class _Task(torch.nn.Module):
+    """A model and its loss in one module returning a dict, as timm's training tasks do."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+
+    def forward(self, x, target):
+        output = self.model(x)
+        return {"loss": torch.nn.functional.mse_loss(output, target), "output": output}
+
+
+def _train_chain(graphed: bool, steps=12):
+    """An encoder whose output feeds a head and a decoder, a task module returning a dict, and a frozen
+    module: each graphed on its own when `graphed`. (losses, parameters, replays per module)."""
+    torch.manual_seed(0)
+    encoder, head, decoder, task = torch.nn.Linear(8, 8).cuda(), torch.nn.Linear(8, 4).cuda(), torch.nn.Linear(8, 8).cuda(), _Task().cuda()
+    frozen = torch.nn.Linear(8, 8).cuda().requires_grad_(False)
+    modules = [encoder, head, decoder, task, frozen]
+    opt = torch.optim.SGD([p for m in modules for p in m.parameters() if p.requires_grad], lr=0.05, momentum=0.9)
+    calls = [GraphedModule(m) if graphed else m for m in modules]
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x, y = torch.randn(16, 8, generator=g).cuda(), torch.randn(16, 4, generator=g).cuda()
+        opt.zero_grad()
+        code = calls[0](calls[4](x))
+        result = calls[3](code, y)
+        loss = result["loss"] + torch.nn.functional.mse_loss(calls[1](code), y) + 0.5 * torch.nn.functional.mse_loss(calls[2](code), x)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    torch.cuda.synchronize()
+    return losses, [p.detach().clone() for m in modules for p in m.parameters()], calls
+
+
+def test_chained_modules_a_dict_output_and_a_frozen_module(monkeypatch):
+    """Graphed modules feeding one another: the encoder's replayed backward takes the summed gradient of
+    the three modules reading its output; a module returning a dict replays; a module with nothing to
+    differentiate is never captured, and says nothing."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    expected = _train_chain(graphed=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphifyFallbackWarning)
+        got = _train_chain(graphed=True)
+    encoder, head, decoder, task, frozen = got[2]
+    assert all(m.state["graphed"] is not None for m in (encoder, head, decoder, task))
+    assert frozen.state["graphed"] is None and frozen.state["disabled"] is None and frozen.state["eager_runs"] == 0
+    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -85,7 +85,17 @@ def test_partial_capture_allows(settings, body):
     assert "target_model(x)" in result.code or "target_model" not in body  # under no_grad: stays eager
 
 
-def test_two_trained_models_refuse_it(settings):
+def test_two_trained_models_are_graphed_each(settings):
     result = rewrite_source(TEMPLATE.format(body=TWO_MODELS), "train.py", settings)
-    assert not result.changed
-    assert result.outcomes[0].verdict.value == "not-capturable"
+    assert result.outcomes[0].verdict.value == "partially-capturable"
+    assert result.outcomes[0].step_name == "graphed_model, graphed_encoder"
+    assert "graphed_model(graphed_encoder(x))" in result.code
+    assert "graphed_encoder = GraphedModule(encoder)" in result.code and "graphed_model = GraphedModule(model)" in result.code
+
+
+def test_a_ddp_model_is_not_graphed_alone(settings):
+    source = TEMPLATE.format(body=EVERY_STEP).replace(
+        "criterion = nn.CrossEntropyLoss()", "criterion = nn.CrossEntropyLoss()\nmodel = torch.nn.parallel.DistributedDataParallel(model)"
+    )
+    result = rewrite_source(source, "train.py", settings)
+    assert not result.changed and result.outcomes[0].verdict.value == "not-capturable"

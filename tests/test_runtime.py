@@ -293,3 +293,22 @@ def test_fetched_batches_are_fetched_once_each_and_all_on_demand():
     assert fetched[1] == 1 and fetched[0] == 0 and len(fetched) == 3
     assert fetched.fetch_all() == [0, 1, 2]
     assert next(counter) == 3
+
+
+def test_a_model_wrapped_across_processes_is_not_graphed_alone(monkeypatch):
+    """DDP and FSDP reduce gradients from hooks in the backward: such a model stays eager, with one warning."""
+
+    class FullyShardedDataParallel(torch.nn.Module):  # stands for the wrapper: only its class name is read
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, x):
+            return self.module(x)
+
+    graphed = GraphedModule(FullyShardedDataParallel(torch.nn.Linear(2, 2)))
+    monkeypatch.setattr(GraphedModule, "_graph", lambda *_: pytest.fail("a wrapped model must not be captured"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not graphed._capture((torch.ones(1, 2),), {})
+    assert len(caught) == 1 and "its FullyShardedDataParallel wrapper reduces gradients from hooks" in str(caught[0].message)

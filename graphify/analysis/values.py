@@ -166,7 +166,7 @@ class Env:
         factory = _FACTORY.match(last)
         if factory is not None and kind_by_name(factory.group(1)) in (MODEL, OPTIMIZER, SCHEDULER, SCALER, LOADER):
             return kind_by_name(factory.group(1))  # create_optimizer_v2(...), build_model(cfg)
-        if qual.startswith(("torchvision.models", "timm.models.", "transformers.")) or qual == "timm.create_model":
+        if qual.startswith(("torchvision.models", "timm.models.", "timm.task.", "transformers.")) or qual == "timm.create_model":
             return MODEL
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == "from_pretrained":
             return MODEL

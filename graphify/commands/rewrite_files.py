@@ -43,9 +43,10 @@ def loop_notes(result: RewriteResult, written: bool, cell_starts: list[int] | No
         where = f"{located.where(o.path, o.line)}: {o.kind} loop" + (f" in {o.function}()" if o.function else "")
         if o.model_only:
             verb = "graphed" if written else "would graph"
+            graphed = ", ".join(f"`{name}`" for name in o.step_name.split(", "))
+            whose = "the models'" if ", " in o.step_name else "the model's"
             notes.append(
-                f"{where}: {verb} the model's forward and backward as `{o.step_name}`; the rest of the step "
-                f"stays eager ({', '.join(o.reasons)})"
+                f"{where}: {verb} {whose} forward and backward as {graphed}; the rest of the step stays eager ({', '.join(o.reasons)})"
             )
         elif o.rewritten:
             verb = "captured" if written else "would capture"

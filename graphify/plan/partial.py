@@ -8,29 +8,27 @@ import libcst as cst
 
 from graphify.analysis.calls import is_backward, is_delegated_step, is_model_call, is_no_grad_item
 from graphify.analysis.region import Loop
-from graphify.analysis.statements import (
-    walk,
-)
+from graphify.analysis.statements import walk
+from graphify.analysis.vocabulary import DDP
 from graphify.model import Rule
 from graphify.plan.base import Refusal, body_of
 from graphify.plan.dataflow import is_host_expression
-from graphify.rules.rewrite_safety import (
-    LOOP_SHAPE,
-)
+from graphify.rules.distributed import DDP_MODEL
+from graphify.rules.rewrite_safety import LOOP_SHAPE
 
-# What the eager code around the graphed model may not do: change attributes or modes the graphed
-# forward may read, pad each batch to its own length, or communicate across processes (a DDP-wrapped
-# model is not graphed alone). GFY252: the model's inputs change shape every batch, so a graph would
-# rarely replay; GFY402: LBFGS re-evaluates its closure, and a graphed model in it, under host logic of its own.
+# What the eager code around the graphed models may not do: change attributes or modes the graphed
+# forward may read, or pad each batch to its own length. GFY252: the model's inputs change shape every
+# batch, so a graph would rarely replay; GFY402: LBFGS re-evaluates its closure, and a graphed model in
+# it, under host logic of its own. Collectives around the models run eagerly where they stand; whether a
+# model is wrapped in DDP only the run can tell, and GraphedModule leaves such a model eager.
 _NEVER = {"GFY703", "GFY252", "GFY402"}
-_NEVER_CATEGORIES = {"distributed"}
 
 
 @dataclass
 class PartialPlan:
     loop: Loop
-    model_calls: list[cst.Call]  # `model(x)` with grad: each becomes a call of the graphed module
-    model: str
+    model_calls: list[cst.Call]  # `model(x)` with grad: each becomes a call of its model's graphed module
+    models: list[str]  # the models called, in the order they appear in the loop body
     reasons: list[str]  # why the whole step cannot be captured
 
 
@@ -51,10 +49,12 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
         for n in walk(w)
     }
     model_calls = [c for c in calls if is_model_call(c, env) and id(c) not in without_grad]  # target networks under no_grad stay eager
-    names = {c.func.value if isinstance(c.func, cst.Name) else None for c in model_calls}
-    if len(names) != 1 or None in names:
-        raise Refusal(LOOP_SHAPE, "partial capture needs one model, called by name, outside no_grad in the loop body")
+    names = [c.func.value if isinstance(c.func, cst.Name) else None for c in model_calls]
+    if not names or None in names:
+        raise Refusal(LOOP_SHAPE, "partial capture needs the models called by name, outside no_grad in the loop body")
     for call in model_calls:
+        if env.kind_of(call.func) == DDP:  # its gradients are all-reduced from hooks in the backward a graph would hold
+            raise Refusal(DDP_MODEL, "partial capture does not graph a DistributedDataParallel model", call)
         positional = [a for a in call.args if a.keyword is None]
         if not positional or any(a.star for a in call.args) or positional != list(call.args[: len(positional)]):
             raise Refusal(LOOP_SHAPE, "partial capture needs the model called with positional tensors (and keyword values)")
@@ -66,11 +66,11 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
     # model may be called under a condition, or more than once per step.
     forward = {n for call in model_calls for n in _forward_nodes(loop, call)}
     for rule, node in breakers:
-        if rule.code in _NEVER or rule.category in _NEVER_CATEGORIES:
+        if rule.code in _NEVER:
             raise Refusal(rule, f"partial capture cannot leave {rule.code} ({rule.name}) eager", node)
         if node is not None and id(node) in forward:
             raise Refusal(rule, "the model's forward itself would be captured with it", node)
-    return PartialPlan(loop, model_calls, model_calls[0].func.value, list(reasons))
+    return PartialPlan(loop, model_calls, list(dict.fromkeys(names)), list(reasons))
 
 
 def _forward_nodes(loop: Loop, call: cst.Call) -> set[int]:

@@ -65,13 +65,16 @@ def rewrite_source(source: str, path: str, settings=None, runtime: RuntimeChoice
             continue
         outer = [a for a in loop.ancestors if isinstance(a, (cst.For, cst.While)) and _same_function(a, loop)]
         if isinstance(plan, PartialPlan):
-            # before the outermost loop that does not assign the model, so that it graphs the current model
-            anchor = next((a for a in outer if plan.model not in names_written(a)), loop.node)
-            step_name = fresh_name(f"graphed_{plan.model}", taken)
+            graphed = []
+            for model in plan.models:
+                # before the outermost loop that does not assign the model, so that it graphs the current model
+                anchor = next((a for a in outer if model not in names_written(a)), loop.node)
+                graphed.append(fresh_name(f"graphed_{model}", taken))
+                emissions.append(Emission(plan, graphed[-1], anchor, model))
+            step_name = ", ".join(graphed)
         else:
-            anchor = next(iter(outer), loop.node)
             step_name = fresh_name("train_step" if loop.kind == "train" else "inference_step", taken)
-        emissions.append(Emission(plan, step_name, anchor))
+            emissions.append(Emission(plan, step_name, next(iter(outer), loop.node)))
         outcome.rewritten, outcome.step_name, outcome.model_only = True, step_name, isinstance(plan, PartialPlan)
     if not emissions:
         return out

@@ -20,6 +20,7 @@ class Emission:
     plan: Plan | PartialPlan
     step_name: str  # the step function, or for a partial plan the graphed module
     anchor: cst.CSTNode  # statement before which the step function (or graphed module) is defined
+    model: str | None = None  # for a partial plan: the model this emission graphs
 
 
 def _comment(text: str) -> cst.EmptyLine:
@@ -68,12 +69,13 @@ class Rewriter(cst.CSTTransformer):
     def _graph_module(self, e: Emission, class_name: str) -> None:
         plan = e.plan
         for call in plan.model_calls:
-            self.renames[id(call)] = e.step_name
-        made = cst.parse_statement(f"{e.step_name} = {class_name}({plan.model})").with_changes(
+            if call.func.value == e.model:
+                self.renames[id(call)] = e.step_name
+        made = cst.parse_statement(f"{e.step_name} = {class_name}({e.model})").with_changes(
             leading_lines=[
                 cst.EmptyLine(indent=False),
                 _comment(
-                    f"the whole step cannot be captured ({', '.join(plan.reasons)}): {plan.model}'s forward and backward replay from CUDA graphs"
+                    f"the whole step cannot be captured ({', '.join(plan.reasons)}): {e.model}'s forward and backward replay from CUDA graphs"
                 ),
             ]
         )

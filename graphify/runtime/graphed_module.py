@@ -130,13 +130,16 @@ class GraphedModule:
             and bool(inputs)
             and all(torch.is_tensor(t) and t.is_cuda for t in inputs)
             and all(v is None or isinstance(v, (numbers.Number, str)) for v in constants.values())
+            and (
+                any(t.requires_grad for t in inputs) or any(p.requires_grad for p in self.module.parameters())
+            )  # else no backward to graph
             and not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in self.module.modules())
         )
 
     def _capture(self, inputs, constants) -> bool:
         """Graphs the module for these inputs, or leaves it eager for good with one warning."""
         load = self.state["load"]
-        why = why_not_capturable([self.module], [])
+        why = _wrapped_across_processes(self.module) or why_not_capturable([self.module], [])
         if why is None and load is not None and not capture_forced():
             why = gpu_bound(*load.milliseconds(), "its forward pass")
         why = why or self._graph(inputs, constants)
@@ -217,6 +220,16 @@ class GraphedModule:
                 if timed:
                     fastest[forward] = min(fastest[forward], max(timing.milliseconds()))
         return fastest[eager], fastest[replayed]
+
+
+def _wrapped_across_processes(module) -> str | None:
+    """Why a model that synchronises gradients across processes is not graphed alone: DDP and FSDP
+    reduce gradients from hooks that fire during the backward, outside what make_graphed_callables sees."""
+    for m in module.modules():
+        name = type(m).__name__
+        if isinstance(m, torch.nn.parallel.DistributedDataParallel) or name == "FullyShardedDataParallel" or name.startswith("FSDP"):
+            return f"its {name} wrapper reduces gradients from hooks in the backward, which a graph of the model alone would skip"
+    return None
 
 
 def slower_replays(eager_ms: float, replay_ms: float) -> str | None:
