@@ -1060,6 +1060,26 @@ CASES = {
             loss.backward(); opt.step(); opt.zero_grad()
         """,
     ),
+    "GFY703-requires-grad-of-a-module-not-a-tensor": (
+        "GFY703",
+        """
+        for x, y in loader:
+            out = model(x)
+            model.requires_grad_(False)  # here
+            loss = criterion(out, y)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        def penalty(real, fake):
+            alpha = torch.rand(real.size(0), 1, device=real.device)
+            mixed = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
+            grads = torch.autograd.grad(model(mixed).sum(), mixed, create_graph=True)[0]
+            return ((grads.norm(2, dim=1) - 1) ** 2).mean()
+        for x, y in loader:
+            loss = criterion(model(x), y) + penalty(x, x.flip(0))
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
     "GFY703-helper-changes-outer-list": (
         "GFY703",
         """

@@ -185,3 +185,48 @@ def test_a_one_gpu_dataparallel_model_is_captured_and_trains_the_same():
     assert step.state.graphs
     for a, b in zip(expected[0], _state(model, opt)[0]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _unfreezing(wrap_step, wrap_model, steps=16, unfreeze_at=6):
+    """The first layer frozen for a few steps, then unfrozen between steps, outside the step (a
+    fine-tuning schedule): the parameters after training, and the step or graphed module used."""
+    model, opt, batches = _setup()
+    model[0].requires_grad_(False)
+    called = wrap_model(model)
+
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(called(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = wrap_step(train_step)
+    for i in range(steps):
+        if i == unfreeze_at:
+            model[0].requires_grad_(True)
+        x, y = batches[i % len(batches)]
+        step(x, y)
+    torch.cuda.synchronize()
+    return [p.detach().clone() for p in model.parameters()], step, called
+
+
+@pytest.mark.parametrize("graphed", ["step", "module"])
+def test_graphs_follow_parameters_frozen_or_unfrozen_between_steps(monkeypatch, graphed):
+    """Which parameters require grad is part of a graph's key: the graph captured while the first layer was
+    frozen would leave it untrained after it is unfrozen."""
+    from graphify.runtime import GraphedModule
+
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    expected, _, _ = _unfreezing(lambda f: f, lambda m: m)
+    as_step, as_module = (CapturedStep, lambda m: m) if graphed == "step" else (lambda f: f, GraphedModule)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphifyFallbackWarning)
+        got, step, called = _unfreezing(as_step, as_module)
+    if graphed == "step":
+        assert len(step.state.graphs) == 2  # one graph per set of trained parameters
+    else:
+        assert called.state["graphed"] is not None
+    assert not torch.equal(got[0], _setup()[0][0].weight.detach())  # the unfrozen layer trained
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

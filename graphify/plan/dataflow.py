@@ -17,6 +17,7 @@ from graphify.analysis.checker import is_logging_call
 from graphify.analysis.region import Site
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import is_host_read_call, names_read, names_written, walk
+from graphify.analysis.vocabulary import DDP, MODEL
 from graphify.rules.rewrite_safety import HOST_SIDE_EFFECT, MUTATED_STATE, ORDER
 
 # Calls whose effect lives on the host: capture runs them once, replays never.
@@ -129,7 +130,10 @@ def check_captured_code(plan, body, refuse) -> None:
             if qual in _IMPURE_BUILTINS or qual.startswith(_IMPURE_PREFIXES):
                 refuse(HOST_SIDE_EFFECT, node, f"the step calls `{qual}`, a host side effect that capture would run only once")
             method = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
-            if method in _MODE_METHODS and not _is_torch_namespace(node.func, env):
+            # `t.requires_grad_()` on a tensor only marks it for autograd, which capture records like any other op
+            receiver = node.func.value if method == "requires_grad_" else None
+            on_tensor = receiver is not None and env.kind_of(receiver) not in (MODEL, DDP) and env.is_tensor(receiver)
+            if method in _MODE_METHODS and not _is_torch_namespace(node.func, env) and not on_tensor:
                 refuse(MUTATED_STATE, node, f"the step calls `.{method}()`, which changes module state that replays would not")
             if method in _COLLECTING | _REMOVING and site.block.call is not None and _outer_receiver(node.func.value, site):
                 refuse(

@@ -18,6 +18,7 @@ from graphify.runtime.common import (
     first_line,
     gpu_bound,
     leaves,
+    requires_grad,
     side_stream,
     split,
     tree_map,
@@ -38,6 +39,7 @@ class _Captures:
         self.side_stream_used = False
         self.optimizers: list = []
         self.modules: list = []  # top-level modules: their train/eval modes are part of each graph's key
+        self.parameters: list = []  # theirs: which require grad is part of each key (freezing, unfreezing)
         self.ddps: list = []  # DistributedDataParallel models the step runs: longer warmup, ranks agree on captures
         self.graphs: dict = {}  # key -> (graph, static input tensors, static outputs)
         self.eager_runs: dict = {}
@@ -97,7 +99,8 @@ class CapturedStep:
             self._inspect()
         if state.disabled is not None:
             return self._eager(tensors, inputs) if state.side_stream_used else self.step(*inputs)
-        key = (key, host, torch.is_grad_enabled(), tuple(m.training for m in state.modules))
+        modes = tuple(m.training for m in state.modules), bytes(map(requires_grad, state.parameters))
+        key = (key, host, torch.is_grad_enabled(), modes)
         captured = state.graphs.get(key)
         if captured is not None:
             graph, static_tensors, static_outputs = captured
@@ -165,6 +168,7 @@ class CapturedStep:
         objects = referenced(self.step)
         state.optimizers, state.disabled = inner_optimizers([o for o in objects if isinstance(o, torch.optim.Optimizer)])
         state.modules = [o for o in objects if isinstance(o, torch.nn.Module)]
+        state.parameters = [p for m in state.modules for p in m.parameters()]
         state.disabled = state.disabled or why_not_capturable(objects, state.optimizers)
         state.ddps = ddp_modules(state.modules)
         if state.disabled is not None:

@@ -18,6 +18,7 @@ from graphify.runtime.common import (
     first_line,
     gpu_bound,
     leaves,
+    requires_grad,
     side_stream,
     tree_map,
 )
@@ -69,6 +70,7 @@ class GraphedModule:
                 "awaiting_backward": False,
                 "warmup_awaiting": False,
                 "load": None,  # Timing of the last warmup call's forward
+                "parameters": list(module.parameters()),  # which require grad is part of the graph's key
             }
         self.state = _graphed[module]
 
@@ -76,7 +78,7 @@ class GraphedModule:
         state = self.state
         if state["disabled"] is not None or not self._graphable(inputs, constants):
             return self.module(*inputs, **constants)
-        signature = _signature(inputs, constants)
+        signature = _signature(inputs, constants), bytes(map(requires_grad, state["parameters"]))
         if state["graphed"] is None:
             # capture updates buffers in place (batch-norm statistics): never while an eager call's
             # backward, which checks the versions of what it saved, is still to come
@@ -130,9 +132,7 @@ class GraphedModule:
             and bool(inputs)
             and all(torch.is_tensor(t) and t.is_cuda for t in inputs)
             and all(v is None or isinstance(v, (numbers.Number, str)) for v in constants.values())
-            and (
-                any(t.requires_grad for t in inputs) or any(p.requires_grad for p in self.module.parameters())
-            )  # else no backward to graph
+            and (any(t.requires_grad for t in inputs) or any(map(requires_grad, self.state["parameters"])))  # else no backward to graph
             and not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in self.module.modules())
         )
 
@@ -196,7 +196,9 @@ class GraphedModule:
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
 
         def replayed():
-            self._graphable(copies, constants) and _signature(copies, constants)  # __call__'s checks, for their cost
+            self._graphable(copies, constants) and _signature(copies, constants) and bytes(
+                map(requires_grad, self.state["parameters"])
+            )  # __call__'s checks
             if grads:
                 torch._foreach_mul(grads, 1.0)  # _unshare_gradients' copy, not assigned
             outputs = tree_map(torch.Tensor.clone, graphed(*copies))
