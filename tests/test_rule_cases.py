@@ -1060,6 +1060,27 @@ CASES = {
             loss.backward(); opt.step(); opt.zero_grad()
         """,
     ),
+    "GFY101-host-ints-converted-from-a-tensor": (
+        "GFY101",
+        """
+        times = torch.linspace(0, 99, 10).int()
+        with torch.no_grad():
+            for t in times:
+                x = model(x)
+                if t < 50:  # here
+                    x = x * 0.5
+        """,
+        """
+        times = torch.linspace(0, 99, 10)
+        times = list(reversed(times.int().tolist()))
+        pairs = list(zip(times[:-1], times[1:]))
+        with torch.no_grad():
+            for t, t_next in pairs:
+                x = model(x)
+                if t_next < 0:
+                    continue
+        """,
+    ),
     "GFY703-requires-grad-of-a-module-not-a-tensor": (
         "GFY703",
         """

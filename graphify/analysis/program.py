@@ -12,7 +12,7 @@ from libcst.metadata import CodeRange
 from graphify.analysis.names import Aliases
 from graphify.analysis.positions import Positions
 from graphify.analysis.tree import children
-from graphify.analysis.scope import Scope, collect_scope
+from graphify.analysis.scope import Scope, collect_scope, forget_before_conversions
 from graphify.analysis.values import Env
 
 
@@ -25,7 +25,10 @@ class FunctionInfo:
 
     @cached_property
     def scope(self) -> Scope:
-        return collect_scope(self.node if self.node is not None else self.module.tree)
+        node = self.node if self.node is not None else self.module.tree
+        scope = collect_scope(node)
+        forget_before_conversions(scope, node.body if self.node is None else getattr(node.body, "body", ()))
+        return scope
 
     @property
     def class_scope(self) -> Scope | None:
@@ -84,6 +87,7 @@ class ModuleInfo:
         for stmt in self.tree.body:
             if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
                 collect_scope(stmt, scope)
+        forget_before_conversions(scope, self.tree.body)
         return scope
 
     def class_scope(self, cls: cst.ClassDef) -> Scope:

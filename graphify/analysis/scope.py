@@ -45,6 +45,42 @@ def _bind(scope: Scope, target: cst.BaseExpression, value: cst.BaseExpression) -
         scope.add(name, value)
 
 
+_HOST_READS = {"tolist", "item", "numpy"}
+_CONTAINERS = {"list", "tuple", "sorted", "int", "float"}
+
+
+def forget_before_conversions(scope: Scope, statements) -> None:
+    """`times = list(reversed(times.int().tolist()))` at the top level of a body: from there on the name
+    holds the host value, never the tensor assigned before, so the earlier values are dropped (the code
+    between them is rarely more than the conversion itself)."""
+    for stmt in statements:
+        if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Assign):
+            continue
+        assign = stmt.body[0]
+        name = dotted(assign.targets[0].target) if len(assign.targets) == 1 else None
+        values = scope.values.get(name or "", [])
+        if name is None or not values or values[0] is assign.value or not _converts_to_host(assign.value, name):
+            continue
+        scope.values[name] = values[next(i for i, v in enumerate(values) if v is assign.value) :]
+
+
+def _converts_to_host(value: cst.BaseExpression, name: str) -> bool:
+    """A call that reads `name` on the host (`.tolist()`, `.item()`, `.numpy()`), maybe in a container."""
+    while (
+        isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in _CONTAINERS | {"reversed"} and value.args
+    ):
+        value = value.args[0].value
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in _HOST_READS):
+        return False
+    stack = [value.func.value]
+    while stack:
+        node = stack.pop()
+        if dotted(node) == name:
+            return True
+        stack.extend(children(node))
+    return False
+
+
 def collect_scope(body: cst.CSTNode, scope: Scope | None = None) -> Scope:
     """Assignments in one body, without entering nested functions or classes."""
     scope = scope or Scope()

@@ -68,9 +68,36 @@ def seed_loop_target(target: cst.BaseExpression, it: cst.BaseExpression, env: En
         return
     iterable = dotted(it)
     kind = env.kind_of(it) if iterable else None
-    if kind in (LOADER, None) and env._tensor(it, 0) is not False:
+    if kind is None and _host_sequence(it, env):  # `for t, t_next in time_pairs`, pairs of ints from `.tolist()`
+        for n in _target_leaves(target):
+            seeds.setdefault(n, False)
+    elif kind in (LOADER, None) and env._tensor(it, 0) is not False:
         for n in _target_leaves(target):
             seeds[n] = True
+
+
+_REORDERING = {"list", "tuple", "sorted", "reversed", "zip"}
+
+
+def _host_sequence(expr: cst.BaseExpression, env: Env, depth: int = 0) -> bool:
+    """A sequence of host values, by what it is built from (the loop's target is typed before the names
+    of its function are): `.tolist()` of a tensor, `range(...)`, and lists, zips and slices of those."""
+    if depth > 12:
+        return False
+    if isinstance(expr, cst.Subscript):
+        return _host_sequence(expr.value, env, depth + 1)
+    if isinstance(expr, cst.Call):
+        if isinstance(expr.func, cst.Attribute):
+            return expr.func.attr.value == "tolist"
+        name = expr.func.value if isinstance(expr.func, cst.Name) else None
+        if name == "range":
+            return True
+        args = [a.value for a in expr.args if a.keyword is None]
+        return name in _REORDERING and bool(args) and all(_host_sequence(a, env, depth + 1) for a in args)
+    if isinstance(expr, cst.Name):
+        values = env.values_of(expr.value)
+        return bool(values) and all(_host_sequence(v, env, depth + 1) for v in values)
+    return False
 
 
 def _target_leaves(target: cst.BaseExpression) -> list[str]:
