@@ -312,22 +312,3 @@ def test_a_model_wrapped_across_processes_is_not_graphed_alone(monkeypatch):
         warnings.simplefilter("always")
         assert not graphed._capture((torch.ones(1, 2),), {})
     assert len(caught) == 1 and "its FullyShardedDataParallel wrapper reduces gradients from hooks" in str(caught[0].message)
-
-
-def test_adam_betas_and_lr_live_in_device_tensors_during_capture_only():
-    """OneCycleLR moves AdamW's betas every step: the graph reads them from tensors, the groups show floats."""
-    model = torch.nn.Linear(2, 2)
-    adamw = torch.optim.AdamW(model.parameters(), lr=0.01, capturable=True)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    step = CapturedStep(lambda x: x)
-    step.state.optimizers = [adamw, sgd]
-    swapped = step._use_device_settings()
-    beta1, beta2 = adamw.param_groups[0]["betas"]
-    assert torch.is_tensor(beta1) and beta1.item() == pytest.approx(0.9) and torch.is_tensor(adamw.param_groups[0]["lr"])
-    assert [key for _, key, _, _ in step.state.device_settings] == ["lr", "betas"]
-    frozen = {(id(g), k) for g, k, _ in step.state.frozen}
-    assert (id(sgd.param_groups[0]), "lr") in frozen and (id(sgd.param_groups[0]), "momentum") in frozen
-    assert (id(adamw.param_groups[0]), "betas") not in frozen
-    for group, key, value in swapped:
-        group[key] = value
-    assert adamw.param_groups[0]["betas"] == (0.9, 0.999) and adamw.param_groups[0]["lr"] == 0.01

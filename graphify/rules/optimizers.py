@@ -75,23 +75,13 @@ def check(ck):
         if m is not None and m[1] in _SCHEDULER_STEPS and env.kind_of(m[0]) == SCHEDULER:
             tensor_lr = ck.optimizers_take_tensor_lr() if tensor_lr is None else tensor_lr
             cycles = _cycles_momentum(ck, m[0], env)
-            if cycles and tensor_lr and _optimizers_take_tensor_betas(ck):
-                yield ck.finding(
-                    SCHEDULER_STEP,
-                    node,
-                    site,
-                    f"`{code_of(node)}` changes the learning rate and Adam's betas every step",
-                    "graphify rewrite keeps both in device tensors, filled before each replay",
-                    _outside_called_step(ck, site) and m[1] == "step",
-                )
-                continue
             if cycles:
                 yield ck.finding(
                     SCHEDULER_STEP,
                     node,
                     site,
                     f"`{code_of(node)}` also cycles momentum/betas every step, which capture freezes",
-                    "pass `cycle_momentum=False`, use Adam/AdamW (their betas can live in device tensors), or step this scheduler per epoch",
+                    "pass `cycle_momentum=False`, or step this scheduler per epoch",
                     False,
                 )
                 continue
@@ -148,19 +138,6 @@ def _outside_called_step(ck, site) -> bool:
     """In the loop body the rewrite runs the LR update between replays; inside a function the step calls
     it would run only once, at capture."""
     return site.block is ck.region.body_block
-
-
-def _optimizers_take_tensor_betas(ck) -> bool:
-    """Whether every stepped optimizer is one whose betas the runtime keeps in device tensors (torch's
-    Adam and AdamW, not fused); one built out of sight is left to the runtime, as for the learning rate."""
-    for expr, site in ck.stepped_optimizers:
-        found = ck.optimizer_class(expr, site.env)
-        if found is None:
-            continue
-        name, call, _ = found
-        if name not in ("Adam", "AdamW") or is_true(kwarg(call, "fused")):
-            return False
-    return True
 
 
 def _cycles_momentum(ck, scheduler, env) -> bool:

@@ -44,7 +44,7 @@ class _Captures:
         self.graphs: dict = {}  # key -> (graph, static input tensors, static outputs)
         self.eager_runs: dict = {}
         self.pool = None
-        self.device_settings: list = []  # [param group, key, device tensors, the host value they hold]
+        self.lr_tensors: list = []  # [param group, device tensor, float it holds]
         self.frozen: list = []  # (param group, name, value at capture) the graph cannot follow
         self.recaptures = 0  # times the graphs were dropped because a frozen setting changed
         self.load: Timing | None = None  # of the last warmup step
@@ -110,12 +110,11 @@ class CapturedStep:
             if self._fits(static_tensors, tensors):
                 for static, new in zip(static_tensors, tensors):
                     static.copy_(new, non_blocking=True)
-                for entry in state.device_settings:
-                    group, key, held, value = entry
-                    if group[key] != value:  # a scheduler moved it: small fills, outside the graph
-                        for tensor, number in zip(held, group[key] if key == "betas" else (group[key],)):
-                            tensor.fill_(number)
-                        entry[3] = group[key]
+                for entry in state.lr_tensors:
+                    group, lr, value = entry
+                    if group["lr"] != value:  # the scheduler moved it: one small fill, outside the graph
+                        lr.fill_(group["lr"])
+                        entry[2] = group["lr"]
                 graph.replay()
                 return static_outputs
             return self._eager(tensors, inputs)
@@ -223,7 +222,7 @@ class CapturedStep:
         device = tensors[0].device if tensors else self._param_device()
         static_inputs = tree_map(torch.Tensor.clone, inputs)
         saved = self._save_host_state(device)
-        swapped = self._use_device_settings()
+        swapped = self._use_tensor_lrs()
         graph = torch.cuda.CUDAGraph()
         cache = torch.is_autocast_cache_enabled()
         torch.set_autocast_cache_enabled(False)
@@ -236,14 +235,14 @@ class CapturedStep:
             failure = None
         finally:
             torch.set_autocast_cache_enabled(cache)
-            for group, key, value in swapped:  # the graph reads the tensors; the groups show floats again
-                group[key] = value
+            for group, lr in swapped:  # the graph reads the tensors; the groups show floats again
+                group["lr"] = lr
         if state.ddps:  # every rank takes part, whatever its own outcome
             agreed = all_ranks_agree(failure is None, state.ddps, device)
             if failure is None and not agreed:
                 failure = "the capture failed on another rank (captured collectives must match on every rank)"
         if failure is not None:
-            state.device_settings.clear()
+            state.lr_tensors.clear()
             state.frozen.clear()
             self._restore_host_state(saved)
             state.disabled = failure
@@ -273,34 +272,21 @@ class CapturedStep:
         for p, grad in grads:
             p.grad = grad
 
-    def _use_device_settings(self):
-        """During capture, optimizers that can read the learning rate from a device tensor do, and so do
-        torch's Adam and AdamW their betas (OneCycleLR cycles them every step). What the graph reads
-        as a host constant is recorded: a change of it means capturing again."""
+    def _use_tensor_lrs(self):
+        """During capture, optimizers that can read the learning rate from a device tensor do."""
         state, swapped = self.state, []
         for optimizer in state.optimizers:
-            betas_on_device = type(optimizer).__name__ in ("Adam", "AdamW") and type(optimizer).__module__.startswith("torch.optim")
             for group in optimizer.param_groups:
-                device = group["params"][0].device
                 if "capturable" in group and not torch.is_tensor(group["lr"]):
-                    swapped.append(self._hold(group, "lr", (group["lr"],), device))
+                    lr = torch.tensor(group["lr"], dtype=torch.float32, device=group["params"][0].device)
+                    state.lr_tensors.append([group, lr, group["lr"]])
+                    swapped.append((group, group["lr"]))
+                    group["lr"] = lr
                 elif not torch.is_tensor(group["lr"]):
                     state.frozen.append((group, "lr", group["lr"]))
-                betas = group.get("betas")
-                if betas_on_device and group.get("capturable") and not group.get("fused") and _floats(betas):
-                    swapped.append(self._hold(group, "betas", betas, device))
-                elif "betas" in group:
-                    state.frozen.append((group, "betas", betas))
-                state.frozen += [(group, k, group[k]) for k in ("momentum", "weight_decay") if k in group]
+                # schedulers may move these too (OneCycleLR cycles betas and momentum): the graph froze them
+                state.frozen += [(group, k, group[k]) for k in ("betas", "momentum", "weight_decay") if k in group]
         return swapped
-
-    def _hold(self, group, key: str, values: tuple, device) -> tuple:
-        """Puts `group[key]` in device tensors for the capture; returns what restores the host value."""
-        held = tuple(torch.tensor(v, dtype=torch.float32, device=device) for v in values)
-        self.state.device_settings.append([group, key, held, group[key]])
-        original = group[key]
-        group[key] = held if key == "betas" else held[0]
-        return group, key, original
 
     def _forget_graphs(self) -> None:
         """A setting the graphs froze has changed: drop them, warm up and capture again with the new
@@ -308,7 +294,7 @@ class CapturedStep:
         state = self.state
         state.recaptures += 1
         state.graphs, state.eager_runs, state.pool = {}, {}, None
-        state.device_settings, state.frozen = [], []
+        state.lr_tensors, state.frozen = [], []
         if state.recaptures > MAX_KEYS:
             state.disabled = f"a setting the graph reads as a constant (learning rate, betas, momentum) changed more than {MAX_KEYS} times"
             self._warn(state.disabled)
@@ -349,7 +335,3 @@ class CapturedStep:
 
 def _drop_graphs(state: _Captures, why: str) -> None:
     state.graphs, state.pool, state.disabled = {}, None, why
-
-
-def _floats(values) -> bool:
-    return isinstance(values, tuple) and bool(values) and all(isinstance(v, float) for v in values)
