@@ -19,6 +19,7 @@ class Verdict(str, Enum):
     # the model's forward and backward only, or a step beside which a sync or collective stays eager
     PARTIAL = "partially-capturable"
     NOT_CAPTURABLE = "not-capturable"
+    ALREADY_CAPTURED = "already-captured"  # the script captures or replays this loop's step itself
 
 
 @dataclass(frozen=True)

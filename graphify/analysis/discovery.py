@@ -26,6 +26,7 @@ from graphify.analysis.calls import (
     is_periodic_gpu_branch,
     is_step_op,
 )
+from graphify.analysis.hand_capture import CAPTURED, SKIPPED, captured_kind, hand_capture_role
 from graphify.analysis.region import Block, Loop, Region, Site
 from graphify.analysis.rewritten import is_runtime_helper, runtime_helper_assignments
 from graphify.analysis.targets import seed_loop_target
@@ -66,7 +67,12 @@ class ModuleAnalysis:
         for node, func, ancestors in sites:
             if id(node) in absorbed:
                 continue
-            if not self._could_step_or_infer(node, ancestors) or self._hand_captured(func, ancestors):
+            role = hand_capture_role(self.module, func, node, ancestors, self._captured_steps)
+            if role == CAPTURED:
+                found.append(self._by_hand(node, func, ancestors))
+                absorbed.update(id(n) for n in _iter_nodes(node.body) if type(n) in LOOPS)
+                continue
+            if role == SKIPPED or not self._could_step_or_infer(node, ancestors):
                 continue
             env = self._loop_env(node, func)
             if self._already_captured(node, env):
@@ -110,24 +116,10 @@ class ModuleAnalysis:
                     return True  # `loss_scaler(loss, optimizer, ...)`: a helper that may own the step
         return False
 
-    def _hand_captured(self, func: FunctionInfo, ancestors) -> bool:
-        """Code that already captures CUDA graphs by hand (side-stream warmup, torch.cuda.graph) is left alone."""
-        scope = func.node if func.node is not None else None
-        for a in ancestors:
-            if isinstance(a, cst.With) and any(
-                (self.module.aliases.qualify(i.item.func if isinstance(i.item, cst.Call) else i.item) or "").startswith(
-                    ("torch.cuda.stream", "torch.cuda.graph")
-                )
-                for i in a.items
-            ):
-                return True
-        if scope is None:
-            return False
-        if scope.name.value in self._captured_steps:
-            return True  # the step function of a loop `graphify rewrite` already captured
-        return any(
-            isinstance(n, cst.Attribute) and n.attr.value in ("CUDAGraph", "make_graphed_callables") for n in _iter_nodes(scope.body)
-        )
+    def _by_hand(self, node, func: FunctionInfo, ancestors) -> Loop:
+        """A warmup or replay loop of a graph the script captures itself: reported, never rewritten."""
+        region = self._region(Block(func, self._loop_env(node, func), [node]), node, include_nested=lambda *a: False)
+        return Loop(node, func, captured_kind(func, self.module), region, ancestors, by_hand=True)
 
     @cached_property
     def _captured_steps(self) -> set[str]:

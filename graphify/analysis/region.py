@@ -83,6 +83,7 @@ class Loop:
     kind: str  # "train" | "inference"
     region: Region
     ancestors: tuple[cst.CSTNode, ...] = ()  # enclosing nodes in the module, outermost first
+    by_hand: bool = False  # a warmup or replay loop of a CUDA graph the script captures itself
 
     @property
     def module(self) -> ModuleInfo:

@@ -52,7 +52,8 @@ def loop_notes(result: RewriteResult, written: bool, cell_starts: list[int] | No
             verb = "captured" if written else "would capture"
             notes.append(f"{where}: {verb} as `{o.step_name}` (warmup, capture, replay)")
         else:
-            notes.append(f"{where}: left unchanged, {o.verdict.value} ({', '.join(o.reasons)})")
+            reasons = f" ({', '.join(o.reasons)})" if o.reasons else ""
+            notes.append(f"{where}: left unchanged, {o.verdict.value}{reasons}")
     return notes
 
 

@@ -30,7 +30,13 @@ BLUE = "\x1b[34m"
 CYAN = "\x1b[36m"
 
 _SEVERITY_COLOR = {Severity.ERROR: RED, Severity.WARNING: YELLOW, Severity.INFO: BLUE}
-_VERDICT_COLOR = {Verdict.CAPTURABLE: GREEN, Verdict.AFTER_REWRITE: YELLOW, Verdict.PARTIAL: YELLOW, Verdict.NOT_CAPTURABLE: RED}
+_VERDICT_COLOR = {
+    Verdict.CAPTURABLE: GREEN,
+    Verdict.AFTER_REWRITE: YELLOW,
+    Verdict.PARTIAL: YELLOW,
+    Verdict.NOT_CAPTURABLE: RED,
+    Verdict.ALREADY_CAPTURED: GREEN,
+}
 
 
 def render(report: Report, *, color: bool = False, source_lines: Callable[[str], list[str] | None] | None = None) -> str:
@@ -76,6 +82,7 @@ def summary(report: Report) -> str:
         f"{verdicts.count(Verdict.AFTER_REWRITE)} capturable after rewrite",
         *([f"{verdicts.count(Verdict.PARTIAL)} partially capturable"] if Verdict.PARTIAL in verdicts else []),
         f"{verdicts.count(Verdict.NOT_CAPTURABLE)} not capturable",
+        *([f"{verdicts.count(Verdict.ALREADY_CAPTURED)} already captured"] if Verdict.ALREADY_CAPTURED in verdicts else []),
         _plural(len(report.diagnostics), "breaker"),
     ]
     if report.errors:

@@ -54,7 +54,7 @@ def instrument(source: str, path: str, settings=None) -> Instrumented:
     result = analyze_module(source, path, settings)
     if result.report.errors:
         raise InstrumentError(result.report.errors[0].message)
-    candidates = [a for a in result.loops if a.verdict != Verdict.NOT_CAPTURABLE]
+    candidates = [a for a in result.loops if a.verdict not in (Verdict.NOT_CAPTURABLE, Verdict.ALREADY_CAPTURED)]
     candidates.sort(key=lambda a: a.loop.kind != "train")  # training loops first, in source order
     why = [f"line {lp.line}: {lp.kind} loop is {lp.verdict.value}" for lp in result.report.loops if lp.verdict == Verdict.NOT_CAPTURABLE]
     for analysis in candidates:
