@@ -7,10 +7,11 @@ import libcst as cst
 
 from graphify.analysis.calls import _is_step_like, _iter_nodes
 from graphify.analysis.program import FunctionInfo, ModuleInfo
-from graphify.analysis.tree import children
+from graphify.analysis.tree import children, memo
 
 CAPTURED, SKIPPED = "captured", "skipped"
 _CAPTURE_CONTEXTS = ("torch.cuda.stream", "torch.cuda.graph")
+_NOT_OWN = frozenset({cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda})  # exact types, as calls._SKIP
 
 
 def hand_capture_role(module: ModuleInfo, func: FunctionInfo, loop: cst.For | cst.While, ancestors, captured_steps) -> str | None:
@@ -18,10 +19,9 @@ def hand_capture_role(module: ModuleInfo, func: FunctionInfo, loop: cst.For | cs
     (`g.replay()`, a callable made by `make_graphed_callables`) in a function that captures by hand.
     SKIPPED: code graphify leaves alone (the step function of a `CapturedStep`, side-stream work of a
     function that captures nothing). None: an ordinary loop."""
-    node = func.node
-    if node is not None and node.name.value in captured_steps:
+    if func.node is not None and func.node.name.value in captured_steps:
         return SKIPPED  # the step function of a loop `graphify rewrite` already captured
-    captures = node is not None and captures_by_hand(node.body) or node is None and captures_by_hand(module.tree)
+    captures = captures_by_hand(_body(func, module))
     if any(_opens_capture_context(a, module) for a in ancestors):
         return CAPTURED if captures else SKIPPED
     if captures and _replays(loop, func, module):
@@ -31,12 +31,23 @@ def hand_capture_role(module: ModuleInfo, func: FunctionInfo, loop: cst.For | cs
 
 def captured_kind(func: FunctionInfo, module: ModuleInfo) -> str:
     """A graph the function captures trains when the function runs a backward or an optimizer step."""
-    body = func.node.body if func.node is not None else module.tree
-    return "train" if any(_is_step_like(n) for n in _iter_nodes(body)) else "inference"
+    return "train" if any(_is_step_like(n) for n in _iter_nodes(_body(func, module))) else "inference"
+
+
+def _body(func: FunctionInfo, module: ModuleInfo) -> cst.CSTNode:
+    return func.node.body if func.node is not None else module.tree
+
+
+_CAPTURES: dict[int, tuple[cst.CSTNode, bool]] = memo()
 
 
 def captures_by_hand(body: cst.CSTNode) -> bool:
-    return any(isinstance(n, cst.Attribute) and n.attr.value in ("CUDAGraph", "make_graphed_callables") for n in _iter_nodes(body))
+    """Whether the body uses `CUDAGraph` or `make_graphed_callables`; walked once per body, not per loop."""
+    found = _CAPTURES.get(id(body))
+    if found is None or found[0] is not body:
+        uses = any(isinstance(n, cst.Attribute) and n.attr.value in ("CUDAGraph", "make_graphed_callables") for n in _iter_nodes(body))
+        found = _CAPTURES[id(body)] = (body, uses)
+    return found[1]
 
 
 def _opens_capture_context(node: cst.CSTNode, module: ModuleInfo) -> bool:
@@ -77,5 +88,5 @@ def _own_nodes(node: cst.CSTNode):
     while stack:
         n = stack.pop()
         yield n
-        if not isinstance(n, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        if type(n) not in _NOT_OWN:
             stack.extend(children(n))

@@ -7,7 +7,7 @@ import libcst as cst
 
 from graphify.analysis.names import dotted
 from graphify.analysis.values import Env
-from graphify.analysis.vocabulary import LOADER
+from graphify.analysis.vocabulary import LOADER, SAME_ITEMS
 
 
 def unwrap_iterable(expr: cst.BaseExpression, env: Env) -> cst.BaseExpression:
@@ -76,9 +76,6 @@ def seed_loop_target(target: cst.BaseExpression, it: cst.BaseExpression, env: En
             seeds[n] = True
 
 
-_REORDERING = {"list", "tuple", "sorted", "reversed", "zip"}
-
-
 def _host_sequence(expr: cst.BaseExpression, env: Env, depth: int = 0) -> bool:
     """A sequence of host values, by what it is built from (the loop's target is typed before the names
     of its function are): `.tolist()` of a tensor, `range(...)`, and lists, zips and slices of those."""
@@ -93,7 +90,7 @@ def _host_sequence(expr: cst.BaseExpression, env: Env, depth: int = 0) -> bool:
         if name == "range":
             return True
         args = [a.value for a in expr.args if a.keyword is None]
-        return name in _REORDERING and bool(args) and all(_host_sequence(a, env, depth + 1) for a in args)
+        return name in SAME_ITEMS and bool(args) and all(_host_sequence(a, env, depth + 1) for a in args)
     if isinstance(expr, cst.Name):
         values = env.values_of(expr.value)
         return bool(values) and all(_host_sequence(v, env, depth + 1) for v in values)

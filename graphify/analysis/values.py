@@ -28,6 +28,7 @@ from graphify.analysis.vocabulary import (
     LOSS,
     MODEL,
     OPTIMIZER,
+    SAME_ITEMS,
     SCALER,
     SCHEDULER,
     LOSS_NAME,
@@ -267,7 +268,7 @@ class Env:
             return False if func.value != "abs" else self._tensor(call.args[0].value, depth + 1) if call.args else None
         if isinstance(func, cst.Name) and func.value == "next":
             return True
-        if isinstance(func, cst.Name) and func.value in {"list", "tuple", "sorted", "reversed", "zip"} and call.args:
+        if isinstance(func, cst.Name) and func.value in SAME_ITEMS and call.args:
             # the same items in another container: tensors if one of them holds one, host if all are host
             return self._any_tensor([a.value for a in call.args if a.keyword is None], depth)
         qual = self.qualify(func)
