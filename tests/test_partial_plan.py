@@ -99,3 +99,64 @@ def test_a_ddp_model_is_not_graphed_alone(settings):
     )
     result = rewrite_source(source, "train.py", settings)
     assert not result.changed and result.outcomes[0].verdict.value == "not-capturable"
+
+
+TRAINER = """import math
+import random
+import torch
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def forward(self, x):
+{forward}
+
+
+class Trainer:
+    def __init__(self, loader, device{injected}):
+        self.model = {model}
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.loader = loader
+        self.device = device
+
+    def fit(self, epochs):
+        for epoch in range(epochs):
+            for x, y in self.loader:
+                x, y = x.to(self.device), y.to(self.device)
+                loss = nn.functional.cross_entropy(self.model(x), y)
+                if not math.isfinite(loss.item()):
+                    raise RuntimeError("loss diverged")
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+{rebind}"""
+CLEAN_FORWARD = "        return self.body(x)"
+
+
+def _trainer(forward=CLEAN_FORWARD, injected="", model="Net().to(device)", rebind=""):
+    return TRAINER.format(forward=forward, injected=injected, model=model, rebind=rebind)
+
+
+def test_a_model_held_in_an_attribute_is_graphed_when_its_class_is_known(settings):
+    result = rewrite_source(_trainer(), "train.py", settings)
+    assert result.outcomes[0].verdict.value == "partially-capturable"
+    assert "        graphed_model = GraphedModule(self.model)\n        for epoch in range(epochs):" in result.code
+    assert "nn.functional.cross_entropy(graphed_model(x), y)" in result.code
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        _trainer(forward="        if random.random() < 0.5:\n            x = x.flip(0)\n        return self.body(x)"),
+        _trainer(injected=", model", model="model.to(device)"),
+        _trainer(rebind="                self.model = Net().to(self.device)\n"),
+    ],
+    ids=["host-draw-in-forward", "class-unknown", "rebound-in-loop"],
+)
+def test_a_model_held_in_an_attribute_is_left_eager_when_it_cannot_be_checked(settings, source):
+    result = rewrite_source(source, "train.py", settings)
+    assert not result.changed and result.outcomes[0].verdict.value == "not-capturable"

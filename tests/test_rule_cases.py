@@ -221,6 +221,38 @@ CASES = {
                 opt.step(); opt.zero_grad()
         """,
     ),
+    "GFY612-sync-flag-on-the-loop-counter-or-a-changing-count": (
+        "GFY612",
+        """
+        import contextlib
+        accum = 4
+        for i, batch in enumerate(loader):
+            model.require_backward_grad_sync = (i + 1) % accum == 0  # here
+            criterion(model(batch[0]), batch[1]).backward()
+            if (i + 1) % accum == 0:
+                opt.step(); opt.zero_grad()
+        for i, chunks in enumerate(loader):
+            for k in range(len(chunks)):
+                ctx = model.no_sync() if k < len(chunks) - 1 else contextlib.nullcontext()  # here
+                with ctx:
+                    criterion(model(chunks[k]), chunks[k]).backward()
+            opt.step(); opt.zero_grad()
+        """,
+        """
+        import contextlib
+        accum = 4
+        for i, batch in enumerate(loader):
+            for micro in range(accum):
+                model.require_backward_grad_sync = micro == accum - 1
+                criterion(model(batch[micro]), batch[micro]).backward()
+            opt.step(); opt.zero_grad()
+        for i, batch in enumerate(loader):
+            for micro in range(0, accum):
+                with model.no_sync() if micro + 1 < accum else contextlib.nullcontext():
+                    criterion(model(batch[micro]), batch[micro]).backward()
+            opt.step(); opt.zero_grad()
+        """,
+    ),
     "GFY412-callable-scheduler-and-lr-helper": (
         "GFY412",
         """

@@ -70,6 +70,43 @@ def test_a_ddp_step_is_captured_after_eleven_warmup_steps(process_group):
             assert bool(captured.state.graphs) == (i >= 11), i
 
 
+@pytest.mark.cuda
+def test_a_ddp_step_switching_sync_per_micro_step_trains_as_eager_ddp(process_group):
+    """The step holds an accumulation cycle: DDP all-reduces on its last micro-step only, and the graph
+    replays that cycle. One rank: the hooks and all-reduces are real, nothing crosses GPUs."""
+    import copy
+
+    torch.manual_seed(0)
+    device = torch.device("cuda", torch.cuda.current_device())
+    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2)).to(device)
+    DDP = torch.nn.parallel.DistributedDataParallel
+    graphed, eager = build_on_capture_stream(DDP, net, device_ids=[device.index]), DDP(copy.deepcopy(net), device_ids=[device.index])
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (graphed, eager)]
+
+    def make_step(model, optimizer):
+        def step(xs):
+            optimizer.zero_grad()
+            for k in range(4):
+                model.require_backward_grad_sync = k == 3
+                loss = model(xs[k]).square().mean() / 4
+                loss.backward()
+            optimizer.step()
+            return loss
+
+        return step
+
+    captured, eager_step = CapturedStep(make_step(graphed, optimizers[0])), make_step(eager, optimizers[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphifyFallbackWarning)
+        for i in range(20):
+            xs = torch.randn(4, 16, 8, device=device)
+            captured(xs)
+            eager_step(xs)
+    assert captured.state.graphs
+    for a, b in zip(graphed.parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_graphs_holding_collectives_are_freed_before_the_process_group_is_destroyed(process_group, monkeypatch):
     """Else destroy_process_group waits for ever on the communicator a captured all-reduce holds."""
     from graphify.runtime import distributed

@@ -2,10 +2,13 @@
 
 `graphify rewrite` captures its step (DDP built on the capture stream); scripts/ddp-check runs this file
 and its rewrite on every GPU and compares the final weights and the time per step.
-Usage: torchrun --standalone --nproc_per_node=2 bench/ddp/mlp_ddp.py [--steps 400] [--optimizer adam|sgd] [--capturable]
+With `--accum K`, each step accumulates K micro-batches and DDP all-reduces on the last one only
+(`require_backward_grad_sync`, switched by the micro-step counter): the step holds the whole cycle.
+Usage: torchrun --standalone --nproc_per_node=2 bench/ddp/mlp_ddp.py [--steps 400] [--optimizer adam|sgd] [--capturable] [--accum K]
 """
 
 import argparse
+import itertools
 import os
 import time
 
@@ -19,6 +22,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=400)
 parser.add_argument("--timed-from", type=int, default=100)
 parser.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
+parser.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
 parser.add_argument("--capturable", action="store_true", help="Adam's capturable code path in eager too (what a captured step runs)")
 args = parser.parse_args()
 
@@ -38,16 +42,19 @@ else:
 generator = torch.Generator().manual_seed(rank)
 batches = [(torch.randn(64, 256, generator=generator), torch.randint(0, 10, (64,), generator=generator)) for _ in range(16)]
 
+stream = itertools.cycle(batches)
 start = None
 for step in range(args.steps):
     if step == args.timed_from:
         torch.cuda.synchronize()
         start = time.perf_counter()
-    x, y = batches[step % len(batches)]
-    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-    loss = F.cross_entropy(model(x), y)
     optimizer.zero_grad()
-    loss.backward()
+    for micro_step in range(args.accum):
+        model.require_backward_grad_sync = micro_step == args.accum - 1
+        x, y = next(stream)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        loss = F.cross_entropy(model(x), y) / args.accum
+        loss.backward()
     optimizer.step()
 torch.cuda.synchronize()
 ms = (time.perf_counter() - start) * 1e3 / (args.steps - args.timed_from)

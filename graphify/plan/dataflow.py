@@ -18,6 +18,7 @@ from graphify.analysis.region import Site
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import is_host_read_call, names_read, names_written, walk
 from graphify.analysis.vocabulary import DDP, MODEL
+from graphify.rules.distributed import SYNC_FLAG
 from graphify.rules.rewrite_safety import HOST_SIDE_EFFECT, MUTATED_STATE, ORDER
 
 # Calls whose effect lives on the host: capture runs them once, replays never.
@@ -145,6 +146,8 @@ def check_captured_code(plan, body, refuse) -> None:
             refuse(MUTATED_STATE, node, "the step rebinds a variable outside its own scope (`global`/`nonlocal`)")
         elif isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
             for t in _attribute_targets(node):
+                if t.attr.value == SYNC_FLAG:
+                    continue  # DDP's sync switch: GFY612 says whether it is set alike on every step
                 refuse(MUTATED_STATE, node, f"the step assigns `{dotted(t) or 'an attribute'}`, a host state change replays would not make")
 
 

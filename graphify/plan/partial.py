@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from graphify.analysis.calls import is_backward, is_delegated_step, is_model_call, is_no_grad_item
+from graphify.analysis.names import dotted
 from graphify.analysis.region import Loop
 from graphify.analysis.statements import walk
 from graphify.analysis.vocabulary import DDP
@@ -28,7 +29,7 @@ _NEVER = {"GFY703", "GFY252", "GFY402"}
 class PartialPlan:
     loop: Loop
     model_calls: list[cst.Call]  # `model(x)` with grad: each becomes a call of its model's graphed module
-    models: list[str]  # the models called, in the order they appear in the loop body
+    models: list[str]  # the models called (`model`, `self.model`), in the order they appear in the loop body
     reasons: list[str]  # why the whole step cannot be captured
 
 
@@ -49,9 +50,15 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
         for n in walk(w)
     }
     model_calls = [c for c in calls if is_model_call(c, env) and id(c) not in without_grad]  # target networks under no_grad stay eager
-    names = [c.func.value if isinstance(c.func, cst.Name) else None for c in model_calls]
+    names = [dotted(c.func) for c in model_calls]
     if not names or None in names:
         raise Refusal(LOOP_SHAPE, "partial capture needs the models called by name, outside no_grad in the loop body")
+    for call, name in zip(model_calls, names):
+        if "." in name and not _forward_nodes(loop, call):  # `self.model` handed in from elsewhere: its forward unseen
+            raise Refusal(LOOP_SHAPE, f"partial capture needs the class of `{name}` known, to check its forward", call)
+    rebound = _attributes_assigned(loop) & set(names)
+    if rebound:  # the graphed module is made once, before the loop: it would keep graphing the first model
+        raise Refusal(LOOP_SHAPE, f"partial capture needs `{min(rebound)}` kept the same model while the loop runs")
     for call in model_calls:
         if env.kind_of(call.func) == DDP:  # its gradients are all-reduced from hooks in the backward a graph would hold
             raise Refusal(DDP_MODEL, "partial capture does not graph a DistributedDataParallel model", call)
@@ -71,6 +78,17 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
         if node is not None and id(node) in forward:
             raise Refusal(rule, "the model's forward itself would be captured with it", node)
     return PartialPlan(loop, model_calls, list(dict.fromkeys(names)), list(reasons))
+
+
+def _attributes_assigned(loop: Loop) -> set[str]:
+    """Attribute chains (`self.model`) assigned anywhere the loop's iterations run, as written there."""
+    return {
+        dotted(t.target)
+        for n, _ in loop.region.nodes
+        if isinstance(n, cst.Assign)
+        for t in n.targets
+        if isinstance(t.target, cst.Attribute) and dotted(t.target)
+    }
 
 
 def _forward_nodes(loop: Loop, call: cst.Call) -> set[int]:

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphify.engine import analyze_module
-from graphify.analysis.statements import names_written
+from graphify.analysis.names import dotted
+from graphify.analysis.statements import names_written, walk
 from graphify.model import FileError, Verdict
 from graphify.rewrite.bundle import RuntimeChoice, bound_runtime_names, runtime_header
 from graphify.rewrite.emit import CAPTURED_STEP, DDP_BUILDER, GRAPHED_MODULE, Emission, Rewriter
@@ -68,8 +69,8 @@ def rewrite_source(source: str, path: str, settings=None, runtime: RuntimeChoice
             graphed = []
             for model in plan.models:
                 # before the outermost loop that does not assign the model, so that it graphs the current model
-                anchor = next((a for a in outer if model not in names_written(a)), loop.node)
-                graphed.append(fresh_name(f"graphed_{model}", taken))
+                anchor = next((a for a in outer if not _rebinds(a, model)), loop.node)
+                graphed.append(fresh_name(f"graphed_{model.rsplit('.', 1)[-1]}", taken))
                 emissions.append(Emission(plan, graphed[-1], anchor, model))
             step_name = ", ".join(graphed)
         else:
@@ -107,3 +108,11 @@ def _same_function(ancestor: cst.CSTNode, loop) -> bool:
     chain = loop.ancestors
     i = next(k for k, a in enumerate(chain) if a is ancestor)
     return not any(isinstance(a, (cst.FunctionDef, cst.ClassDef)) for a in chain[i + 1 :])
+
+
+def _rebinds(loop: cst.CSTNode, model: str) -> bool:
+    """Whether a loop assigns the model's name (`model = ...`), or for `self.model` that attribute or `self`."""
+    root = model.split(".", 1)[0]
+    return root in names_written(loop) or any(
+        isinstance(n, cst.Assign) and any(dotted(t.target) == model for t in n.targets) for n in walk(loop)
+    )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from graphify.analysis.names import dotted
 from graphify.plan import PartialPlan, Plan
 from graphify.plan.draws import draw_statement, drawn_value
 
@@ -69,7 +70,7 @@ class Rewriter(cst.CSTTransformer):
     def _graph_module(self, e: Emission, class_name: str) -> None:
         plan = e.plan
         for call in plan.model_calls:
-            if call.func.value == e.model:
+            if dotted(call.func) == e.model:
                 self.renames[id(call)] = e.step_name
         made = cst.parse_statement(f"{e.step_name} = {class_name}({e.model})").with_changes(
             leading_lines=[

@@ -78,7 +78,7 @@ class GraphedModule:
         state = self.state
         if state["disabled"] is not None or not self._graphable(inputs, constants):
             return self.module(*inputs, **constants)
-        signature = _signature(inputs, constants), bytes(map(requires_grad, state["parameters"]))
+        signature = self._key(inputs, constants)
         if state["graphed"] is None:
             # capture updates buffers in place (batch-norm statistics): never while an eager call's
             # backward, which checks the versions of what it saved, is still to come
@@ -103,6 +103,11 @@ class GraphedModule:
         outputs = tree_map(torch.Tensor.clone, state["graphed"](*inputs))
         self._await_backward(outputs, "awaiting_backward")
         return outputs
+
+    def _key(self, inputs, constants) -> tuple:
+        """What a graph is valid for: the call's signature and which parameters require grad (a layer
+        frozen or unfrozen between steps changes what the backward computes)."""
+        return _signature(inputs, constants), bytes(map(requires_grad, self.state["parameters"]))
 
     def _await_backward(self, outputs, flag: str) -> None:
         """Sets `flag` until the backward of this call reaches its outputs. After a replay: another
@@ -196,9 +201,7 @@ class GraphedModule:
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
 
         def replayed():
-            self._graphable(copies, constants) and _signature(copies, constants) and bytes(
-                map(requires_grad, self.state["parameters"])
-            )  # __call__'s checks
+            self._graphable(copies, constants) and self._key(copies, constants)  # __call__'s checks
             if grads:
                 torch._foreach_mul(grads, 1.0)  # _unshare_gradients' copy, not assigned
             outputs = tree_map(torch.Tensor.clone, graphed(*copies))
