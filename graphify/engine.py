@@ -37,6 +37,7 @@ class LoopAnalysis:
     reasons: list[str] = field(default_factory=list)  # rule codes, or why the rewrite cannot capture it
     plan: Plan | PartialPlan | None = None  # the rewrite plan, when the loop can be captured
     fetches: list[cst.Call] = field(default_factory=list)  # `next(...)` calls the rewrite fetches before the step
+    partial_refusal: str | None = None  # for a training loop refused whole: why its models are not graphed alone either
 
 
 @dataclass
@@ -207,7 +208,9 @@ def _try_partial(analysis: LoopAnalysis, refusals: list[Refusal]) -> None:
     breakers = [(f.rule, f.node) for f in analysis.all_findings] + [(r.rule, r.node) for r in refusals]
     try:
         analysis.plan = make_partial_plan(analysis.loop, analysis.reasons, breakers)
-    except Refusal:
+    except Refusal as refusal:
+        if analysis.loop.kind == "train":
+            analysis.partial_refusal = f"{refusal} ({refusal.reason})"
         return
     analysis.verdict = Verdict.PARTIAL
 

@@ -160,3 +160,11 @@ def test_a_model_held_in_an_attribute_is_graphed_when_its_class_is_known(setting
 def test_a_model_held_in_an_attribute_is_left_eager_when_it_cannot_be_checked(settings, source):
     result = rewrite_source(source, "train.py", settings)
     assert not result.changed and result.outcomes[0].verdict.value == "not-capturable"
+
+
+def test_a_model_called_through_a_method_is_not_graphed_alone(settings):
+    """`model.forward(x)`: GraphedModule graphs a module's call, not one of its methods."""
+    source = _trainer().replace("self.model(x)", "self.model.forward(x)")
+    assert "self.model.forward(x)" in source
+    result = rewrite_source(source, "train.py", settings)
+    assert not result.changed and result.outcomes[0].verdict.value == "not-capturable"

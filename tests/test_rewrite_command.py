@@ -43,3 +43,10 @@ def test_a_named_file_with_a_syntax_error_is_reported_even_without_a_loop(tmp_pa
         assert result.exit_code == 2, result.output
         assert f"graphify: {bad}: syntax error at line 1, column 12: invalid syntax" in result.stderr
     assert CliRunner().invoke(cli.cli, ["check", str(tmp_path)]).exit_code == 0
+
+
+def test_a_training_loop_left_unchanged_says_why_its_model_is_not_graphed_alone_either():
+    trap = FIXTURE.parents[1] / "traps" / "random_in_forward.py"
+    result = CliRunner().invoke(cli.cli, ["rewrite", str(trap)])
+    note = next(line for line in result.stderr.splitlines() if "left unchanged" in line)
+    assert "not-capturable (GFY702); the model is not graphed alone either: the model's forward itself would be captured" in note

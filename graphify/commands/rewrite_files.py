@@ -53,7 +53,8 @@ def loop_notes(result: RewriteResult, written: bool, cell_starts: list[int] | No
             notes.append(f"{where}: {verb} as `{o.step_name}` (warmup, capture, replay)")
         else:
             reasons = f" ({', '.join(o.reasons)})" if o.reasons else ""
-            notes.append(f"{where}: left unchanged, {o.verdict.value}{reasons}")
+            alone = f"; the model is not graphed alone either: {o.partial_refusal}" if o.partial_refusal else ""
+            notes.append(f"{where}: left unchanged, {o.verdict.value}{reasons}{alone}")
     return notes
 
 

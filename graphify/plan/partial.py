@@ -50,7 +50,7 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
         for n in walk(w)
     }
     model_calls = [c for c in calls if is_model_call(c, env) and id(c) not in without_grad]  # target networks under no_grad stay eager
-    names = [dotted(c.func) for c in model_calls]
+    names = [_module_called(c) for c in model_calls]
     if not names or None in names:
         raise Refusal(LOOP_SHAPE, "partial capture needs the models called by name, outside no_grad in the loop body")
     for call, name in zip(model_calls, names):
@@ -78,6 +78,13 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
         if node is not None and id(node) in forward:
             raise Refusal(rule, "the model's forward itself would be captured with it", node)
     return PartialPlan(loop, model_calls, list(dict.fromkeys(names)), list(reasons))
+
+
+def _module_called(call: cst.Call) -> str | None:
+    """`model` or `self.model` for `model(x)` or `self.model(x)`; None for a method (`model.forward(x)`)."""
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("forward", "generate"):
+        return None
+    return dotted(call.func)
 
 
 def _attributes_assigned(loop: Loop) -> set[str]:

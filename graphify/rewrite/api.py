@@ -27,6 +27,7 @@ class LoopOutcome:
     reasons: list[str] = field(default_factory=list)
     step_name: str | None = None
     model_only: bool = False  # the rewrite graphs the model's forward and backward, not the step
+    partial_refusal: str | None = None  # a training loop left unchanged: why its models are not graphed alone
 
 
 @dataclass
@@ -60,6 +61,7 @@ def rewrite_source(source: str, path: str, settings=None, runtime: RuntimeChoice
         loop = analysis.loop
         line = loop.module.position(loop.node).start.line
         outcome = LoopOutcome(path, line, loop.kind, loop.func.qualname, analysis.verdict, False, list(analysis.reasons))
+        outcome.partial_refusal = analysis.partial_refusal
         out.outcomes.append(outcome)
         plan = analysis.plan
         if plan is None:
