@@ -184,7 +184,8 @@ def check_loop_mutations(plan, body, refuse) -> None:
             continue  # only the step reaches it
         if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
             assigned += [(_in_loop_scope(dotted(t), site, region), node) for t in _attribute_targets(node)]
-    if not assigned:
+    between = [(chain, node, "in an enclosing loop") for chain, node in _assigned_between_runs(plan.loop)]
+    if not assigned and not between:
         return
     followed = {id(b.call) for b in region.blocks if b.call is not None}
     handed, read = [], []
@@ -196,15 +197,35 @@ def check_loop_mutations(plan, body, refuse) -> None:
             handed += [_in_loop_scope(dotted(e), site, region) for e in exprs]
         elif isinstance(node, cst.Attribute):
             read.append(_in_loop_scope(dotted(node), site, region))
-    for chain, node in assigned:
+    for chain, node, where in [(chain, node, "in the loop") for chain, node in assigned] + between:
         if chain is None:
             refuse(MUTATED_STATE, node, "an attribute is assigned in the loop on an object the analysis cannot follow")
         elif any(name is not None and (name == chain or name.startswith(chain + ".")) for name in read):
-            refuse(MUTATED_STATE, node, f"`{chain}` is assigned in the loop and read by the step; capture would freeze it")
+            refuse(MUTATED_STATE, node, f"`{chain}` is assigned {where} and read by the step; capture would freeze it")
         else:
             name = next((name for name in handed if name is not None and name != "self" and chain.startswith(name + ".")), None)
             if name is not None:
-                refuse(MUTATED_STATE, node, f"`{chain}` is assigned in the loop and the step hands `{name}` to code that may read it")
+                refuse(MUTATED_STATE, node, f"`{chain}` is assigned {where} and the step hands `{name}` to code that may read it")
+
+
+def _assigned_between_runs(loop) -> list[tuple[str, cst.CSTNode]]:
+    """Attribute chains assigned by the loops around this one in its function, outside it (`args.accum =
+    8` in the epoch loop): they change between the loop's runs, and the graphs it captured would keep
+    the old value. Plain names set there are inputs of the step instead, each value its own graph."""
+    enclosing = []
+    for a in reversed(loop.ancestors):
+        if isinstance(a, (cst.FunctionDef, cst.ClassDef)):
+            break
+        if isinstance(a, (cst.For, cst.While)):
+            enclosing.append(a)
+    inner = {id(n) for n in walk(loop.node)}
+    return [
+        (dotted(t), node)
+        for a in enclosing
+        for node in walk(a.body)
+        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and id(node) not in inner
+        for t in _attribute_targets(node)
+    ]
 
 
 def _in_loop_scope(chain: str | None, site, region) -> str | None:
