@@ -1157,6 +1157,37 @@ CASES = {
             loss.backward(); opt.step(); opt.zero_grad()
         """,
     ),
+    "GFY703-item-or-attribute-changed-between-steps": (
+        "GFY703",
+        """
+        import argparse
+        args = argparse.ArgumentParser().parse_args()
+        weights = {"aux": 0.0}
+        for epoch in range(4):
+            args.accum = 2 + epoch  # here
+            for i, (x, y) in enumerate(loader):
+                weights["aux"] = i / 100  # here
+                for k in range(args.accum):
+                    loss = criterion(model(x[k::args.accum]), y[k::args.accum]) * weights["aux"]
+                    loss.backward()
+                opt.step(); opt.zero_grad()
+        """,
+        """
+        import argparse
+        args = argparse.ArgumentParser().parse_args()
+        weights = {"aux": 0.5}
+        logs = {}
+        for epoch in range(4):
+            logs["epoch"] = epoch
+            for i, batch in enumerate(loader):
+                batch["scale"] = 2.0
+                logs["step"] = i
+                for k in range(args.accum):
+                    loss = criterion(model(batch["x"][k::args.accum]), batch["y"]) * weights["aux"] * batch["scale"]
+                    loss.backward()
+                opt.step(); opt.zero_grad()
+        """,
+    ),
     "GFY411-timm-step-update": (
         "GFY411",
         """

@@ -145,7 +145,7 @@ def check_captured_code(plan, body, refuse) -> None:
         elif isinstance(node, (cst.Global, cst.Nonlocal)):
             refuse(MUTATED_STATE, node, "the step rebinds a variable outside its own scope (`global`/`nonlocal`)")
         elif isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-            for t in _attribute_targets(node):
+            for t in attribute_targets(node):
                 if t.attr.value == SYNC_FLAG:
                     continue  # DDP's sync switch: GFY612 says whether it is set alike on every step
                 refuse(MUTATED_STATE, node, f"the step assigns `{dotted(t) or 'an attribute'}`, a host state change replays would not make")
@@ -155,100 +155,19 @@ def _is_torch_namespace(func: cst.BaseExpression, env) -> bool:
     return (env.qualify(func) or "").startswith("torch.")
 
 
-def _target_parts(target):
+def target_parts(target):
     if isinstance(target, (cst.Tuple, cst.List)):
         for el in target.elements:
-            yield from _target_parts(el.value)
+            yield from target_parts(el.value)
     elif isinstance(target, cst.StarredElement):
-        yield from _target_parts(target.value)
+        yield from target_parts(target.value)
     else:
         yield target
 
 
-def _attribute_targets(node):
+def attribute_targets(node):
     targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-    return [t for target in targets for t in _target_parts(target) if isinstance(t, cst.Attribute)]
-
-
-def check_loop_mutations(plan, body, refuse) -> None:
-    """An attribute assigned in the loop outside the step must not reach the step: neither read by it
-    (`self.global_step`), nor under an object it hands to code graphify does not see (`model.drop.p =
-    ...` while the step calls `model(x)`)."""
-    region = plan.loop.region
-    graph_ids = {id(n) for i in plan.graph for n in walk(body[i])}
-    kept_out = {id(n) for i, ks in plan.split_ifs.items() for k in ks for n in walk(body[i].body.body[k])}
-    assigned = []  # (chain in the loop's scope, node)
-    for node, site in region.nodes:
-        anchors = [node] if site.block is region.body_block else region.body_calls_of(site)
-        if not anchors or all(id(anchor) in graph_ids and id(anchor) not in kept_out for anchor in anchors):
-            continue  # only the step reaches it
-        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-            assigned += [(_in_loop_scope(dotted(t), site, region), node) for t in _attribute_targets(node)]
-    between = [(chain, node, "in an enclosing loop") for chain, node in _assigned_between_runs(plan.loop)]
-    if not assigned and not between:
-        return
-    followed = {id(b.call) for b in region.blocks if b.call is not None}
-    handed, read = [], []
-    for node, site in captured_nodes(plan, body):
-        if isinstance(node, cst.Call) and id(node) not in followed:
-            exprs = [node.func, *(a.value for a in node.args)]
-            if isinstance(node.func, cst.Attribute):
-                exprs.append(node.func.value)
-            handed += [_in_loop_scope(dotted(e), site, region) for e in exprs]
-        elif isinstance(node, cst.Attribute):
-            read.append(_in_loop_scope(dotted(node), site, region))
-    for chain, node, where in [(chain, node, "in the loop") for chain, node in assigned] + between:
-        if chain is None:
-            refuse(MUTATED_STATE, node, "an attribute is assigned in the loop on an object the analysis cannot follow")
-        elif any(name is not None and (name == chain or name.startswith(chain + ".")) for name in read):
-            refuse(MUTATED_STATE, node, f"`{chain}` is assigned {where} and read by the step; capture would freeze it")
-        else:
-            name = next((name for name in handed if name is not None and name != "self" and chain.startswith(name + ".")), None)
-            if name is not None:
-                refuse(MUTATED_STATE, node, f"`{chain}` is assigned {where} and the step hands `{name}` to code that may read it")
-
-
-def _assigned_between_runs(loop) -> list[tuple[str, cst.CSTNode]]:
-    """Attribute chains assigned by the loops around this one in its function, outside it (`args.accum =
-    8` in the epoch loop): they change between the loop's runs, and the graphs it captured would keep
-    the old value. Plain names set there are inputs of the step instead, each value its own graph."""
-    enclosing = []
-    for a in reversed(loop.ancestors):
-        if isinstance(a, (cst.FunctionDef, cst.ClassDef)):
-            break
-        if isinstance(a, (cst.For, cst.While)):
-            enclosing.append(a)
-    inner = {id(n) for n in walk(loop.node)}
-    return [
-        (dotted(t), node)
-        for a in enclosing
-        for node in walk(a.body)
-        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and id(node) not in inner
-        for t in _attribute_targets(node)
-    ]
-
-
-def _in_loop_scope(chain: str | None, site, region) -> str | None:
-    """An attribute chain of a called function, spelled in the loop's scope (parameters traced to their
-    call-site argument, `self` to the receiver of the call); None when it cannot be."""
-    block = site.block
-    while chain is not None and block is not region.body_block:
-        root, _, rest = chain.partition(".")
-        call = block.call
-        if root in block.env.bound:
-            arg = dotted(block.env.bound[root][1])
-        elif root == "self" and call is not None:
-            # `obj.method()` binds self to obj; `model(x)` (a forward) binds it to model
-            arg = (
-                dotted(call.func.value)
-                if isinstance(call.func, cst.Attribute) and block.func.node is not None and block.func.node.name.value != "forward"
-                else dotted(call.func)
-            )
-        else:
-            return None
-        chain = f"{arg}.{rest}" if arg and rest else arg
-        block = block.parent
-    return chain
+    return [t for target in targets for t in target_parts(target) if isinstance(t, cst.Attribute)]
 
 
 _REMOVING = {"pop", "remove", "clear", "insert", "popleft", "appendleft"}
@@ -290,7 +209,7 @@ def check_moved_statement(plan, body, index: int, refuse) -> None:
 def _moved_effect(n, env, later: set[str], followed: set[int]) -> str | None:
     if isinstance(n, (cst.Global, cst.Nonlocal)):
         return "it rebinds a variable outside its scope"
-    if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and _attribute_targets(n):
+    if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and attribute_targets(n):
         return "it assigns an attribute"
     if not isinstance(n, cst.Call) or id(n) in followed or is_host_read_call(n, env) or is_logging_call(n, env):
         return None

@@ -46,6 +46,7 @@ from graphify.plan.base import (
 )
 from graphify.plan.draws import drawn_nodes, plan_draws
 from graphify.plan.inputs import find_inputs_outputs, is_shape_value
+from graphify.plan.mutations import check_loop_mutations
 from graphify.plan.names import fresh_name
 from graphify.rules.devices import HOST_TENSOR_COPY, device_for_factory
 from graphify.rules.distributed import DDP_MODEL
@@ -124,7 +125,7 @@ def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refu
         and (f.module.aliases.qualify(f.node.func) or "").endswith("parallel.DistributedDataParallel")
     }
     find_inputs_outputs(plan, body, env, enclosing, refuse)
-    dataflow.check_loop_mutations(plan, body, refuse)
+    check_loop_mutations(plan, body, refuse)
     for i in sorted(plan.after):
         dataflow.check_moved_statement(plan, body, i, refuse)
     return plan

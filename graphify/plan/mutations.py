@@ -1,0 +1,114 @@
+"""State the loop changes outside the step that the step reads: capture would freeze it.
+
+An attribute (`self.global_step`) or a container's item (`cfg["scale"]`) assigned in the loop outside
+the step, or by a loop around it between its runs (`args.accum = 8` in the epoch loop), is read by the
+captured step as it was at capture; every replay keeps that value. Plain names the loop rebinds are
+the step's inputs instead (each value its own graph), and so are containers it rebinds every step.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from graphify.analysis.names import dotted
+from graphify.analysis.statements import names_written, walk
+from graphify.plan.dataflow import attribute_targets, captured_nodes, target_parts
+from graphify.rules.rewrite_safety import MUTATED_STATE
+
+
+def check_loop_mutations(plan, body, refuse) -> None:
+    """An attribute or item assigned in the loop outside the step must not reach the step: neither read
+    by it (`self.global_step`, `cfg["scale"]`), nor under an object it hands to code graphify does not
+    see (`model.drop.p = ...` while the step calls `model(x)`)."""
+    region = plan.loop.region
+    graph_ids = {id(n) for i in plan.graph for n in walk(body[i])}
+    kept_out = {id(n) for i, ks in plan.split_ifs.items() for k in ks for n in walk(body[i].body.body[k])}
+    rebound = names_written(plan.loop.node)  # its target included
+    assigned = []  # (chain in the loop's scope, node, where)
+    for node, site in region.nodes:
+        anchors = [node] if site.block is region.body_block else region.body_calls_of(site)
+        if not anchors or all(id(anchor) in graph_ids and id(anchor) not in kept_out for anchor in anchors):
+            continue  # only the step reaches it
+        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+            chains = [dotted(t) for t in attribute_targets(node)] + _containers(node, rebound)
+            assigned += [(_in_loop_scope(chain, site, region), node, "in the loop") for chain in chains]
+    assigned += [(chain, node, "in an enclosing loop") for chain, node in _assigned_between_runs(plan.loop)]
+    if not assigned:
+        return
+    followed = {id(b.call) for b in region.blocks if b.call is not None}
+    handed, read = [], []
+    for node, site in captured_nodes(plan, body):
+        if isinstance(node, cst.Call) and id(node) not in followed:
+            exprs = [node.func, *(a.value for a in node.args)]
+            if isinstance(node.func, cst.Attribute):
+                exprs.append(node.func.value)
+            handed += [_in_loop_scope(dotted(e), site, region) for e in exprs]
+        elif isinstance(node, (cst.Attribute, cst.Name)):
+            read.append(_in_loop_scope(dotted(node), site, region))
+    for chain, node, where in assigned:
+        if chain is None:
+            refuse(MUTATED_STATE, node, "an attribute is assigned in the loop on an object the analysis cannot follow")
+        elif any(name is not None and (name == chain or name.startswith(chain + ".")) for name in read):
+            refuse(MUTATED_STATE, node, f"`{chain}` is assigned {where} and read by the step; capture would freeze it")
+        else:
+            name = next((name for name in handed if name is not None and name != "self" and chain.startswith(name + ".")), None)
+            if name is not None:
+                refuse(MUTATED_STATE, node, f"`{chain}` is assigned {where} and the step hands `{name}` to code that may read it")
+
+
+def _containers(node, rebound: set[str]) -> list[str]:
+    """`cfg` for `cfg["scale"] = ...`: a container named by a name or an attribute chain, which the loop
+    does not rebind (a batch dict made each step is an input of the step, copied in, not frozen)."""
+    targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+    out = []
+    for part in (p for t in targets for p in target_parts(t)):
+        if isinstance(part, cst.Subscript):
+            chain = dotted(part.value)
+            if chain is not None and chain.split(".", 1)[0] not in rebound:
+                out.append(chain)
+    return out
+
+
+def _assigned_between_runs(loop) -> list[tuple[str, cst.CSTNode]]:
+    """Attribute chains and containers assigned by the loops around this one in its function, outside
+    it: they change between the loop's runs, and the graphs it captured would keep the old value."""
+    enclosing = []
+    for a in reversed(loop.ancestors):
+        if isinstance(a, (cst.FunctionDef, cst.ClassDef)):
+            break
+        if isinstance(a, (cst.For, cst.While)):
+            enclosing.append(a)
+    if not enclosing:
+        return []
+    inner = {id(n) for n in walk(loop.node)}
+    rebound = names_written(loop.node)
+    return [
+        (chain, node)
+        for a in enclosing
+        for node in walk(a.body)
+        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and id(node) not in inner
+        for chain in [dotted(t) for t in attribute_targets(node)] + _containers(node, rebound)
+    ]
+
+
+def _in_loop_scope(chain: str | None, site, region) -> str | None:
+    """An attribute chain of a called function, spelled in the loop's scope (parameters traced to their
+    call-site argument, `self` to the receiver of the call); None when it cannot be."""
+    block = site.block
+    while chain is not None and block is not region.body_block:
+        root, _, rest = chain.partition(".")
+        call = block.call
+        if root in block.env.bound:
+            arg = dotted(block.env.bound[root][1])
+        elif root == "self" and call is not None:
+            # `obj.method()` binds self to obj; `model(x)` (a forward) binds it to model
+            arg = (
+                dotted(call.func.value)
+                if isinstance(call.func, cst.Attribute) and block.func.node is not None and block.func.node.name.value != "forward"
+                else dotted(call.func)
+            )
+        else:
+            return None
+        chain = f"{arg}.{rest}" if arg and rest else arg
+        block = block.parent
+    return chain
