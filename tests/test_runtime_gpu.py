@@ -230,3 +230,41 @@ def test_graphs_follow_parameters_frozen_or_unfrozen_between_steps(monkeypatch, 
     assert not torch.equal(got[0], _setup()[0][0].weight.detach())  # the unfrozen layer trained
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _adding_a_param_group(wrap_step, steps=20, added_at=8):
+    """Progressive unfreezing through the optimizer: the first layer takes part in every forward and
+    backward, but the optimizer only steps it once its param group is added, between steps."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).cuda()
+    opt = torch.optim.Adam(model[2].parameters(), lr=1e-2)
+    batches = [(torch.randn(8, 16, device="cuda"), torch.randn(8, 4, device="cuda")) for _ in range(4)]
+
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = wrap_step(train_step)
+    for i in range(steps):
+        if i == added_at:
+            opt.add_param_group({"params": model[0].parameters(), "lr": 1e-3})
+        step(*batches[i % len(batches)])
+    torch.cuda.synchronize()
+    return [p.detach().clone() for p in model.parameters()], step
+
+
+@pytest.mark.cuda
+def test_a_param_group_added_between_steps_is_stepped_by_the_next_graph(monkeypatch):
+    """The graph captured before the group was added steps only the groups it saw: the runtime captures
+    again, with the new group made capturable."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    expected, _ = _adding_a_param_group(lambda f: f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphifyFallbackWarning)
+        got, step = _adding_a_param_group(CapturedStep)
+    assert step.state.graphs and step.state.recaptures == 1
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

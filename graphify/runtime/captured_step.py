@@ -46,6 +46,7 @@ class _Captures:
         self.pool = None
         self.lr_tensors: list = []  # [param group, device tensor, float it holds]
         self.frozen: list = []  # (param group, name, value at capture) the graph cannot follow
+        self.group_counts: list = []  # (optimizer, its param groups at capture): a group added later is not in the graph
         self.recaptures = 0  # times the graphs were dropped because a frozen setting changed
         self.load: Timing | None = None  # of the last warmup step
         self.fetch_checks: int | None = None  # eager calls that fetched micro-step batches in order; -1 off CUDA
@@ -64,7 +65,7 @@ class CapturedStep:
     call copies its inputs into static buffers, captures the step and replays it; later calls copy
     their inputs in and replay. Inputs of another shape, dtype or device, calls off CUDA, and calls
     after a setting the graph froze has changed (a float learning rate on an optimizer that cannot
-    read a tensor one, betas or momentum moved by a scheduler) run the step eagerly. A replay
+    read a tensor one, betas or momentum moved by a scheduler, a param group added) capture again. A replay
     returns the graph's static outputs, which the next replay overwrites: `copy_outputs` keeps them.
     """
 
@@ -174,7 +175,10 @@ class CapturedStep:
         if state.disabled is not None:
             self._warn(state.disabled)
             return
-        for optimizer in state.optimizers:
+        self._make_capturable()
+
+    def _make_capturable(self) -> None:
+        for optimizer in self.state.optimizers:
             for group in optimizer.param_groups:
                 if group.get("capturable") is False:
                     group["capturable"] = True
@@ -276,6 +280,7 @@ class CapturedStep:
         """During capture, optimizers that can read the learning rate from a device tensor do."""
         state, swapped = self.state, []
         for optimizer in state.optimizers:
+            state.group_counts.append((optimizer, len(optimizer.param_groups)))
             for group in optimizer.param_groups:
                 if "capturable" in group and not torch.is_tensor(group["lr"]):
                     lr = torch.tensor(group["lr"], dtype=torch.float32, device=group["params"][0].device)
@@ -294,13 +299,15 @@ class CapturedStep:
         state = self.state
         state.recaptures += 1
         state.graphs, state.eager_runs, state.pool = {}, {}, None
-        state.lr_tensors, state.frozen = [], []
+        state.lr_tensors, state.frozen, state.group_counts = [], [], []
+        self._make_capturable()  # a param group added since (progressive unfreezing) comes with the optimizer's defaults
         if state.recaptures > MAX_KEYS:
             state.disabled = f"a setting the graph reads as a constant (learning rate, betas, momentum) changed more than {MAX_KEYS} times"
             self._warn(state.disabled)
 
     def _settings_unchanged(self) -> bool:
-        return all(g[k] is v or g[k] == v for g, k, v in self.state.frozen)
+        state = self.state
+        return all(g[k] is v or g[k] == v for g, k, v in state.frozen) and all(len(o.param_groups) == n for o, n in state.group_counts)
 
     # ---- helpers ------------------------------------------------------------------------------
 
