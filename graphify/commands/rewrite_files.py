@@ -43,8 +43,8 @@ def loop_notes(result: RewriteResult, written: bool, cell_starts: list[int] | No
         where = f"{located.where(o.path, o.line)}: {o.kind} loop" + (f" in {o.function}()" if o.function else "")
         if o.model_only:
             verb = "graphed" if written else "would graph"
-            graphed = ", ".join(f"`{name}`" for name in o.step_name.split(", "))
-            whose = "the models'" if ", " in o.step_name else "the model's"
+            graphed = ", ".join(f"`{name}`" for name in o.graphed)
+            whose = "the models'" if len(o.graphed) > 1 else "the model's"
             notes.append(
                 f"{where}: {verb} {whose} forward and backward as {graphed}; the rest of the step stays eager ({', '.join(o.reasons)})"
             )

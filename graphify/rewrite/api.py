@@ -27,6 +27,7 @@ class LoopOutcome:
     reasons: list[str] = field(default_factory=list)
     step_name: str | None = None
     model_only: bool = False  # the rewrite graphs the model's forward and backward, not the step
+    graphed: list[str] = field(default_factory=list)  # for model_only: the graphed modules, one per model
     partial_refusal: str | None = None  # a training loop left unchanged: why its models are not graphed alone
 
 
@@ -74,7 +75,7 @@ def rewrite_source(source: str, path: str, settings=None, runtime: RuntimeChoice
                 anchor = next((a for a in outer if not _rebinds(a, model)), loop.node)
                 graphed.append(fresh_name(f"graphed_{model.rsplit('.', 1)[-1]}", taken))
                 emissions.append(Emission(plan, graphed[-1], anchor, model))
-            step_name = ", ".join(graphed)
+            step_name, outcome.graphed = ", ".join(graphed), graphed
         else:
             step_name = fresh_name("train_step" if loop.kind == "train" else "inference_step", taken)
             emissions.append(Emission(plan, step_name, next(iter(outer), loop.node)))
