@@ -266,5 +266,7 @@ def test_a_param_group_added_between_steps_is_stepped_by_the_next_graph(monkeypa
         warnings.simplefilter("error", GraphifyFallbackWarning)
         got, step = _adding_a_param_group(CapturedStep)
     assert step.state.graphs and step.state.recaptures == 1
+    # eager Adam's bias correction runs on the host in double, the captured one on the device: rounding
+    # apart; a graph that never steps the new group leaves the first layer about 1e-2 off
     for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
