@@ -1163,12 +1163,16 @@ CASES = {
         import argparse
         args = argparse.ArgumentParser().parse_args()
         weights = {"aux": 0.0}
+        temps = [1.0]
         for epoch in range(4):
             args.accum = 2 + epoch  # here
+            temps.append(1 / (epoch + 1))  # here
             for i, (x, y) in enumerate(loader):
                 weights["aux"] = i / 100  # here
+                weights.update(main=1 - i / 100)  # here
                 for k in range(args.accum):
-                    loss = criterion(model(x[k::args.accum]), y[k::args.accum]) * weights["aux"]
+                    out = model(x[k::args.accum]) / temps[-1]
+                    loss = (criterion(out, y[k::args.accum]) * weights["aux"]) * weights["main"]
                     loss.backward()
                 opt.step(); opt.zero_grad()
         """,
@@ -1177,11 +1181,16 @@ CASES = {
         args = argparse.ArgumentParser().parse_args()
         weights = {"aux": 0.5}
         logs = {}
+        history = []
+        scaler = torch.cuda.amp.GradScaler()
         for epoch in range(4):
             logs["epoch"] = epoch
+            history.append(epoch)
             for i, batch in enumerate(loader):
                 batch["scale"] = 2.0
                 logs["step"] = i
+                logs.update(seen=i)
+                scaler.update()
                 for k in range(args.accum):
                     loss = criterion(model(batch["x"][k::args.accum]), batch["y"]) * weights["aux"] * batch["scale"]
                     loss.backward()

@@ -1,6 +1,6 @@
 """State the loop changes outside the step that the step reads: capture would freeze it.
 
-An attribute (`self.global_step`) or a container's item (`cfg["scale"]`) assigned in the loop outside
+An attribute (`self.global_step`) or a container (`cfg["scale"] = s`, `temps.append(t)`) changed in the loop outside
 the step, or by a loop around it between its runs (`args.accum = 8` in the epoch loop), is read by the
 captured step as it was at capture; every replay keeps that value. Plain names the loop rebinds are
 the step's inputs instead (each value its own graph), and so are containers it rebinds every step.
@@ -16,6 +16,11 @@ from graphify.plan.dataflow import attribute_targets, captured_nodes, target_par
 from graphify.rules.rewrite_safety import MUTATED_STATE
 
 
+# methods of dicts, lists and deques that change the container in place
+_CONTAINER_TYPES = {"dict", "list", "deque", "defaultdict", "OrderedDict"}
+_MUTATORS = {"update", "setdefault", "pop", "popitem", "clear", "append", "extend", "insert", "remove", "appendleft", "extendleft"}
+
+
 def check_loop_mutations(plan, body, refuse) -> None:
     """An attribute or item assigned in the loop outside the step must not reach the step: neither read
     by it (`self.global_step`, `cfg["scale"]`), nor under an object it hands to code graphify does not
@@ -29,9 +34,8 @@ def check_loop_mutations(plan, body, refuse) -> None:
         anchors = [node] if site.block is region.body_block else region.body_calls_of(site)
         if not anchors or all(id(anchor) in graph_ids and id(anchor) not in kept_out for anchor in anchors):
             continue  # only the step reaches it
-        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-            chains = [dotted(t) for t in attribute_targets(node)] + _containers(node, rebound)
-            assigned += [(_in_loop_scope(chain, site, region), node, "in the loop") for chain in chains]
+        chains = _changed_chains(node, rebound, plan.loop)
+        assigned += [(_in_loop_scope(chain, site, region), node, "in the loop") for chain in chains]
     assigned += [(chain, node, "in an enclosing loop") for chain, node in _assigned_between_runs(plan.loop)]
     if not assigned:
         return
@@ -49,11 +53,11 @@ def check_loop_mutations(plan, body, refuse) -> None:
         if chain is None:
             refuse(MUTATED_STATE, node, "an attribute is assigned in the loop on an object the analysis cannot follow")
         elif any(name is not None and (name == chain or name.startswith(chain + ".")) for name in read):
-            refuse(MUTATED_STATE, node, f"`{chain}` is assigned {where} and read by the step; capture would freeze it")
+            refuse(MUTATED_STATE, node, f"`{chain}` is changed {where} and read by the step; capture would freeze it")
         else:
             name = next((name for name in handed if name is not None and name != "self" and chain.startswith(name + ".")), None)
             if name is not None:
-                refuse(MUTATED_STATE, node, f"`{chain}` is assigned {where} and the step hands `{name}` to code that may read it")
+                refuse(MUTATED_STATE, node, f"`{chain}` is changed {where} and the step hands `{name}` to code that may read it")
 
 
 def _containers(node, rebound: set[str]) -> list[str]:
@@ -83,12 +87,33 @@ def _assigned_between_runs(loop) -> list[tuple[str, cst.CSTNode]]:
     inner = {id(n) for n in walk(loop.node)}
     rebound = names_written(loop.node)
     return [
-        (chain, node)
-        for a in enclosing
-        for node in walk(a.body)
-        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and id(node) not in inner
-        for chain in [dotted(t) for t in attribute_targets(node)] + _containers(node, rebound)
+        (chain, node) for a in enclosing for node in walk(a.body) if id(node) not in inner for chain in _changed_chains(node, rebound, loop)
     ]
+
+
+def _changed_chains(node, rebound: set[str], loop) -> list[str]:
+    """What a statement or call changes in place: attributes it assigns (`args.accum = 8`), containers
+    whose item it assigns (`cfg["scale"] = s`), containers a mutating method changes (`weights.update(
+    aux=s)`, `temps.append(t)`)."""
+    if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+        return [dotted(t) for t in attribute_targets(node)] + _containers(node, rebound)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _MUTATORS:
+        receiver = node.func.value
+        if isinstance(receiver, cst.Name) and receiver.value not in rebound and _plain_container(receiver.value, loop):
+            return [receiver.value]
+    return []
+
+
+def _plain_container(name: str, loop) -> bool:
+    """A name only ever bound to a dict, list or deque (a literal or its constructor): its `update` or
+    `append` changes values the step may read. Other objects' `update()` (a GradScaler's, a meter's) is
+    their own business, judged by the rules that know them."""
+    values = loop.func.scope.values.get(name) or loop.module.scope.values.get(name)
+    return bool(values) and all(
+        isinstance(v, (cst.Dict, cst.List, cst.DictComp, cst.ListComp))
+        or (isinstance(v, cst.Call) and (dotted(v.func) or "").rsplit(".", 1)[-1] in _CONTAINER_TYPES)
+        for v in values
+    )
 
 
 def _in_loop_scope(chain: str | None, site, region) -> str | None:
