@@ -1197,6 +1197,38 @@ CASES = {
                 opt.step(); opt.zero_grad()
         """,
     ),
+    "GFY703-global-rebound-by-a-called-function": (
+        "GFY703",
+        """
+        scale = 1.0
+        temperature = 1.0
+        def decay():
+            global scale
+            scale *= 0.5
+        def cool():
+            global temperature  # here
+            temperature *= 0.9
+        for epoch in range(4):
+            decay()  # here
+            for x, y in loader:
+                cool()
+                loss = criterion(model(x) / temperature, y) * scale
+                loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        scale = 1.0
+        best = 0.0
+        def remember(value):
+            global best
+            best = max(best, value)
+        for epoch in range(4):
+            remember(epoch)
+            for x, y in loader:
+                loss = criterion(model(x), y) * scale
+                loss.backward(); opt.step(); opt.zero_grad()
+                remember(0.5)
+        """,
+    ),
     "GFY411-timm-step-update": (
         "GFY411",
         """

@@ -30,18 +30,24 @@ def check_loop_mutations(plan, body, refuse) -> None:
     kept_out = {id(n) for i, ks in plan.split_ifs.items() for k in ks for n in walk(body[i].body.body[k])}
     rebound = names_written(plan.loop.node)  # its target included
     assigned = []  # (chain in the loop's scope, node, where)
+    globals_changed = []  # (module name, node, where)
     for node, site in region.nodes:
         anchors = [node] if site.block is region.body_block else region.body_calls_of(site)
         if not anchors or all(id(anchor) in graph_ids and id(anchor) not in kept_out for anchor in anchors):
             continue  # only the step reaches it
         chains = _changed_chains(node, rebound, plan.loop)
         assigned += [(_in_loop_scope(chain, site, region), node, "in the loop") for chain in chains]
+        if isinstance(node, cst.Global):  # `global scale` in a function the loop calls: a module name it rebinds
+            globals_changed += [(n.name.value, node, "in the loop") for n in node.names]
     assigned += [(chain, node, "in an enclosing loop") for chain, node in _assigned_between_runs(plan.loop)]
-    if not assigned:
+    globals_changed += [(name, node, "in an enclosing loop") for name, node in _globals_rebound_between_runs(plan.loop)]
+    if not assigned and not globals_changed:
         return
     followed = {id(b.call) for b in region.blocks if b.call is not None}
-    handed, read = [], []
+    handed, read, names = [], [], set()
     for node, site in captured_nodes(plan, body):
+        if isinstance(node, cst.Name):
+            names.add(node.value)  # as spelled anywhere the step runs: a global reads the same everywhere
         if isinstance(node, cst.Call) and id(node) not in followed:
             exprs = [node.func, *(a.value for a in node.args)]
             if isinstance(node.func, cst.Attribute):
@@ -49,6 +55,9 @@ def check_loop_mutations(plan, body, refuse) -> None:
             handed += [_in_loop_scope(dotted(e), site, region) for e in exprs]
         elif isinstance(node, (cst.Attribute, cst.Name)):
             read.append(_in_loop_scope(dotted(node), site, region))
+    for name, node, where in globals_changed:
+        if name in names:
+            refuse(MUTATED_STATE, node, f"`{name}` is rebound {where} (`global`) and read by the step; capture would freeze it")
     for chain, node, where in assigned:
         if chain is None:
             refuse(MUTATED_STATE, node, "an attribute is assigned in the loop on an object the analysis cannot follow")
@@ -76,12 +85,7 @@ def _containers(node, rebound: set[str]) -> list[str]:
 def _assigned_between_runs(loop) -> list[tuple[str, cst.CSTNode]]:
     """Attribute chains and containers assigned by the loops around this one in its function, outside
     it: they change between the loop's runs, and the graphs it captured would keep the old value."""
-    enclosing = []
-    for a in reversed(loop.ancestors):
-        if isinstance(a, (cst.FunctionDef, cst.ClassDef)):
-            break
-        if isinstance(a, (cst.For, cst.While)):
-            enclosing.append(a)
+    enclosing = _enclosing_loops(loop)
     if not enclosing:
         return []
     inner = {id(n) for n in walk(loop.node)}
@@ -89,6 +93,33 @@ def _assigned_between_runs(loop) -> list[tuple[str, cst.CSTNode]]:
     return [
         (chain, node) for a in enclosing for node in walk(a.body) if id(node) not in inner for chain in _changed_chains(node, rebound, loop)
     ]
+
+
+def _globals_rebound_between_runs(loop) -> list[tuple[str, cst.CSTNode]]:
+    """Module names that functions of the file rebind (`global scale`), called by name from the loops
+    around this one, outside it (`decay()` in the epoch loop)."""
+    declared: dict[str, list[str]] = {}
+    for stmt in loop.module.tree.body:
+        if isinstance(stmt, cst.FunctionDef):
+            declared[stmt.name.value] = [n.name.value for g in walk(stmt) if isinstance(g, cst.Global) for n in g.names]
+    inner = {id(n) for n in walk(loop.node)}
+    return [
+        (name, node)
+        for a in _enclosing_loops(loop)
+        for node in walk(a.body)
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and id(node) not in inner
+        for name in declared.get(node.func.value, ())
+    ]
+
+
+def _enclosing_loops(loop) -> list:
+    enclosing = []
+    for a in reversed(loop.ancestors):
+        if isinstance(a, (cst.FunctionDef, cst.ClassDef)):
+            break
+        if isinstance(a, (cst.For, cst.While)):
+            enclosing.append(a)
+    return enclosing
 
 
 def _changed_chains(node, rebound: set[str], loop) -> list[str]:
