@@ -1214,6 +1214,16 @@ CASES = {
                 cool()
                 loss = criterion(model(x) / temperature, y) * scale
                 loss.backward(); opt.step(); opt.zero_grad()
+        def train():
+            margin = 1.0
+            def shrink():
+                nonlocal margin
+                margin *= 0.9
+            for epoch in range(4):
+                shrink()  # here
+                for x, y in loader:
+                    loss = criterion(model(x), y) + margin
+                    loss.backward(); opt.step(); opt.zero_grad()
         """,
         """
         scale = 1.0

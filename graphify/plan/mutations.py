@@ -37,7 +37,7 @@ def check_loop_mutations(plan, body, refuse) -> None:
             continue  # only the step reaches it
         chains = _changed_chains(node, rebound, plan.loop)
         assigned += [(_in_loop_scope(chain, site, region), node, "in the loop") for chain in chains]
-        if isinstance(node, cst.Global):  # `global scale` in a function the loop calls: a module name it rebinds
+        if isinstance(node, (cst.Global, cst.Nonlocal)):  # `global scale` in a function the loop calls: a name it rebinds
             globals_changed += [(n.name.value, node, "in the loop") for n in node.names]
     assigned += [(chain, node, "in an enclosing loop") for chain, node in _assigned_between_runs(plan.loop)]
     globals_changed += [(name, node, "in an enclosing loop") for name, node in _globals_rebound_between_runs(plan.loop)]
@@ -57,7 +57,7 @@ def check_loop_mutations(plan, body, refuse) -> None:
             read.append(_in_loop_scope(dotted(node), site, region))
     for name, node, where in globals_changed:
         if name in names:
-            refuse(MUTATED_STATE, node, f"`{name}` is rebound {where} (`global`) and read by the step; capture would freeze it")
+            refuse(MUTATED_STATE, node, f"`{name}` is rebound {where} (`global`/`nonlocal`) and read by the step; capture would freeze it")
     for chain, node, where in assigned:
         if chain is None:
             refuse(MUTATED_STATE, node, "an attribute is assigned in the loop on an object the analysis cannot follow")
@@ -96,16 +96,21 @@ def _assigned_between_runs(loop) -> list[tuple[str, cst.CSTNode]]:
 
 
 def _globals_rebound_between_runs(loop) -> list[tuple[str, cst.CSTNode]]:
-    """Module names that functions of the file rebind (`global scale`), called by name from the loops
-    around this one, outside it (`decay()` in the epoch loop)."""
+    """Names that functions of the file rebind in an outer scope (`global scale`, `nonlocal scale`),
+    called by name from the loops around this one, outside it (`decay()` in the epoch loop)."""
+    enclosing = _enclosing_loops(loop)
+    if not enclosing:
+        return []
+    # the file's functions, and those defined in the loop's own function (a `def decay()` beside the loop)
+    local = [f for f in walk(loop.func.node) if isinstance(f, cst.FunctionDef)] if loop.func.node is not None else []
     declared: dict[str, list[str]] = {}
-    for stmt in loop.module.tree.body:
-        if isinstance(stmt, cst.FunctionDef):
-            declared[stmt.name.value] = [n.name.value for g in walk(stmt) if isinstance(g, cst.Global) for n in g.names]
+    for f in [*loop.module.functions.values(), *local]:
+        names = [n.name.value for g in walk(f) if isinstance(g, (cst.Global, cst.Nonlocal)) for n in g.names]
+        declared.setdefault(f.name.value, []).extend(names)
     inner = {id(n) for n in walk(loop.node)}
     return [
         (name, node)
-        for a in _enclosing_loops(loop)
+        for a in enclosing
         for node in walk(a.body)
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and id(node) not in inner
         for name in declared.get(node.func.value, ())
