@@ -1239,6 +1239,31 @@ CASES = {
                 remember(0.5)
         """,
     ),
+    "GFY703-module-changed-by-apply-or-setattr": (
+        "GFY703",
+        """
+        def set_dropout(m, p):
+            if isinstance(m, nn.Dropout):
+                m.p = p
+        for epoch in range(4):
+            model.apply(lambda m: set_dropout(m, 0.5 / (epoch + 1)))  # here
+            for x, y in loader:
+                setattr(criterion, "label_smoothing", 0.1)  # here
+                loss = criterion(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        def init_weights(m):
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
+        model.apply(init_weights)
+        setattr(criterion, "label_smoothing", 0.1)
+        for epoch in range(4):
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
     "GFY411-timm-step-update": (
         "GFY411",
         """

@@ -128,15 +128,25 @@ def _enclosing_loops(loop) -> list:
 
 
 def _changed_chains(node, rebound: set[str], loop) -> list[str]:
-    """What a statement or call changes in place: attributes it assigns (`args.accum = 8`), containers
-    whose item it assigns (`cfg["scale"] = s`), containers a mutating method changes (`weights.update(
-    aux=s)`, `temps.append(t)`)."""
+    """What a statement or call changes in place: attributes it assigns (`args.accum = 8`, `setattr`),
+    containers whose item it assigns (`cfg["scale"] = s`), containers a mutating method changes
+    (`weights.update(aux=s)`, `temps.append(t)`), and anything under a module `apply` visits (`net.*`)."""
     if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
         return [dotted(t) for t in attribute_targets(node)] + _containers(node, rebound)
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _MUTATORS:
+    if not isinstance(node, cst.Call):
+        return []
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value in _MUTATORS:
         receiver = node.func.value
         if isinstance(receiver, cst.Name) and receiver.value not in rebound and _plain_container(receiver.value, loop):
             return [receiver.value]
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value == "apply":  # `model.apply(set_dropout)`
+        chain = dotted(node.func.value)
+        return [f"{chain}.*"] if chain is not None else []
+    if dotted(node.func) in ("setattr", "delattr") and node.args:  # `setattr(model.drop, "p", p)`
+        chain = dotted(node.args[0].value)
+        name = node.args[1].value if len(node.args) > 1 else None
+        attr = name.evaluated_value if isinstance(name, cst.SimpleString) else "*"
+        return [f"{chain}.{attr}"] if chain is not None else []
     return []
 
 
