@@ -1,7 +1,8 @@
 """State the loop changes outside the step that the step reads: capture would freeze it.
 
-An attribute (`self.global_step`) or a container (`cfg["scale"] = s`, `temps.append(t)`) changed in the loop outside
-the step, or by a loop around it between its runs (`args.accum = 8` in the epoch loop), is read by the
+An attribute (`self.global_step`, `setattr`, a module's `apply`), a container (`cfg["scale"] = s`,
+`temps.append(t)`) or a name a called function rebinds (`global scale`) changed in the loop outside the
+step, or by a loop around it between its runs (`args.accum = 8` in the epoch loop), is read by the
 captured step as it was at capture; every replay keeps that value. Plain names the loop rebinds are
 the step's inputs instead (each value its own graph), and so are containers it rebinds every step.
 """
