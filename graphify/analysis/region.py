@@ -88,3 +88,14 @@ class Loop:
     @property
     def module(self) -> ModuleInfo:
         return self.func.module
+
+    @property
+    def outer_loops(self) -> list[cst.For | cst.While]:
+        """The loops around this one in its own function, outermost first (an epoch loop)."""
+        inside: list[cst.For | cst.While] = []
+        for a in reversed(self.ancestors):
+            if isinstance(a, (cst.FunctionDef, cst.ClassDef)):
+                break
+            if isinstance(a, (cst.For, cst.While)):
+                inside.append(a)
+        return inside[::-1]

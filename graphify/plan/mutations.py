@@ -40,8 +40,9 @@ def check_loop_mutations(plan, body, refuse) -> None:
         assigned += [(_in_loop_scope(chain, site, region), node, "in the loop") for chain in chains]
         if isinstance(node, (cst.Global, cst.Nonlocal)):  # `global scale` in a function the loop calls: a name it rebinds
             globals_changed += [(n.name.value, node, "in the loop") for n in node.names]
-    assigned += [(chain, node, "in an enclosing loop") for chain, node in _assigned_between_runs(plan.loop)]
-    globals_changed += [(name, node, "in an enclosing loop") for name, node in _globals_rebound_between_runs(plan.loop)]
+    outer_chains, outer_names = _changed_between_runs(plan.loop, rebound)
+    assigned += [(chain, node, "in an enclosing loop") for chain, node in outer_chains]
+    globals_changed += [(name, node, "in an enclosing loop") for name, node in outer_names]
     if not assigned and not globals_changed:
         return
     followed = {id(b.call) for b in region.blocks if b.call is not None}
@@ -83,49 +84,34 @@ def _containers(node, rebound: set[str]) -> list[str]:
     return out
 
 
-def _assigned_between_runs(loop) -> list[tuple[str, cst.CSTNode]]:
-    """Attribute chains and containers assigned by the loops around this one in its function, outside
-    it: they change between the loop's runs, and the graphs it captured would keep the old value."""
-    enclosing = _enclosing_loops(loop)
-    if not enclosing:
-        return []
+def _changed_between_runs(loop, rebound: set[str]) -> tuple[list, list]:
+    """What the loops around this one change between its runs, outside it: attribute chains and
+    containers (`args.accum = 8` in the epoch loop), and names that functions they call by name rebind
+    in an outer scope (`decay()`, whose `global scale` rebinds `scale`)."""
+    outer = loop.outer_loops
+    if not outer:
+        return [], []
+    declared = _rebound_by_functions(loop)
     inner = {id(n) for n in walk(loop.node)}
-    rebound = names_written(loop.node)
-    return [
-        (chain, node) for a in enclosing for node in walk(a.body) if id(node) not in inner for chain in _changed_chains(node, rebound, loop)
-    ]
+    chains, names = [], []
+    for node in walk(outer[0].body):  # the outermost loop holds the others
+        if id(node) in inner:
+            continue
+        chains += [(chain, node) for chain in _changed_chains(node, rebound, loop)]
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
+            names += [(name, node) for name in declared.get(node.func.value, ())]
+    return chains, names
 
 
-def _globals_rebound_between_runs(loop) -> list[tuple[str, cst.CSTNode]]:
-    """Names that functions of the file rebind in an outer scope (`global scale`, `nonlocal scale`),
-    called by name from the loops around this one, outside it (`decay()` in the epoch loop)."""
-    enclosing = _enclosing_loops(loop)
-    if not enclosing:
-        return []
-    # the file's functions, and those defined in the loop's own function (a `def decay()` beside the loop)
+def _rebound_by_functions(loop) -> dict[str, list[str]]:
+    """Function name -> the names it declares `global` or `nonlocal`: the file's functions, and those
+    defined in the loop's own function (a `def decay()` beside the loop)."""
     local = [f for f in walk(loop.func.node) if isinstance(f, cst.FunctionDef)] if loop.func.node is not None else []
     declared: dict[str, list[str]] = {}
     for f in [*loop.module.functions.values(), *local]:
         names = [n.name.value for g in walk(f) if isinstance(g, (cst.Global, cst.Nonlocal)) for n in g.names]
         declared.setdefault(f.name.value, []).extend(names)
-    inner = {id(n) for n in walk(loop.node)}
-    return [
-        (name, node)
-        for a in enclosing
-        for node in walk(a.body)
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and id(node) not in inner
-        for name in declared.get(node.func.value, ())
-    ]
-
-
-def _enclosing_loops(loop) -> list:
-    enclosing = []
-    for a in reversed(loop.ancestors):
-        if isinstance(a, (cst.FunctionDef, cst.ClassDef)):
-            break
-        if isinstance(a, (cst.For, cst.While)):
-            enclosing.append(a)
-    return enclosing
+    return declared
 
 
 def _changed_chains(node, rebound: set[str], loop) -> list[str]:

@@ -13,7 +13,7 @@ from graphify.analysis.statements import walk
 from graphify.analysis.vocabulary import DDP
 from graphify.model import Rule
 from graphify.plan.base import Refusal, body_of
-from graphify.plan.dataflow import is_host_expression
+from graphify.plan.dataflow import attribute_targets, is_host_expression
 from graphify.rules.distributed import DDP_MODEL
 from graphify.rules.rewrite_safety import LOOP_SHAPE
 
@@ -90,11 +90,11 @@ def _module_called(call: cst.Call) -> str | None:
 def _attributes_assigned(loop: Loop) -> set[str]:
     """Attribute chains (`self.model`) assigned anywhere the loop's iterations run, as written there."""
     return {
-        dotted(t.target)
+        dotted(t)
         for n, _ in loop.region.nodes
-        if isinstance(n, cst.Assign)
-        for t in n.targets
-        if isinstance(t.target, cst.Attribute) and dotted(t.target)
+        if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))
+        for t in attribute_targets(n)
+        if dotted(t)
     }
 
 

@@ -14,6 +14,7 @@ from graphify.rewrite.bundle import RuntimeChoice, bound_runtime_names, runtime_
 from graphify.rewrite.emit import CAPTURED_STEP, DDP_BUILDER, GRAPHED_MODULE, Emission, Rewriter
 from graphify.plan.names import fresh_name
 from graphify.plan import PartialPlan
+from graphify.plan.dataflow import attribute_targets
 
 
 @dataclass
@@ -67,7 +68,7 @@ def rewrite_source(source: str, path: str, settings=None, runtime: RuntimeChoice
         plan = analysis.plan
         if plan is None:
             continue
-        outer = [a for a in loop.ancestors if isinstance(a, (cst.For, cst.While)) and _same_function(a, loop)]
+        outer = loop.outer_loops
         if isinstance(plan, PartialPlan):
             graphed = []
             for model in plan.models:
@@ -106,16 +107,9 @@ def rewrite_source(source: str, path: str, settings=None, runtime: RuntimeChoice
     return out
 
 
-def _same_function(ancestor: cst.CSTNode, loop) -> bool:
-    """Whether `ancestor` is in the same function as the loop (no def between them)."""
-    chain = loop.ancestors
-    i = next(k for k, a in enumerate(chain) if a is ancestor)
-    return not any(isinstance(a, (cst.FunctionDef, cst.ClassDef)) for a in chain[i + 1 :])
-
-
 def _rebinds(loop: cst.CSTNode, model: str) -> bool:
     """Whether a loop assigns the model's name (`model = ...`), or for `self.model` that attribute or `self`."""
     root = model.split(".", 1)[0]
     return root in names_written(loop) or any(
-        isinstance(n, cst.Assign) and any(dotted(t.target) == model for t in n.targets) for n in walk(loop)
+        dotted(t) == model for n in walk(loop) if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign)) for t in attribute_targets(n)
     )

@@ -107,7 +107,7 @@ def _toggles_alike_every_step(node: cst.CSTNode, site, ck) -> bool:
                 controls.extend(bounds)
                 fixed_counters.add(a.target.value)
     for control in controls:
-        for n in [control, *iter_nodes(control)]:
+        for n in iter_nodes(control):  # the control itself first
             if isinstance(n, cst.Call):
                 return False
             name = dotted(n) if isinstance(n, (cst.Name, cst.Attribute)) else None
