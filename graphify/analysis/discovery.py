@@ -63,32 +63,34 @@ class ModuleAnalysis:
     def loops(self) -> list[Loop]:
         sites = list(self.loop_sites())
         found: list[Loop] = []
-        absorbed: set[int] = set()
+        absorbed: dict[int, int] = {}  # loop node id -> id of the step loop whose region runs it
         for node, func, ancestors in sites:
             if id(node) in absorbed:
                 continue
             role = hand_capture_role(self.module, func, node, ancestors, self._captured_steps)
             if role == CAPTURED:
                 found.append(self._by_hand(node, func, ancestors))
-                absorbed.update(id(n) for n in _iter_nodes(node.body) if type(n) in LOOPS)
+                absorbed.update((id(n), id(node)) for n in _iter_nodes(node.body) if type(n) in LOOPS)
                 continue
             if role == SKIPPED or not self._could_step_or_infer(node, ancestors):
                 continue
             env = self._loop_env(node, func)
-            if self._already_captured(node, env):
-                continue
             body = Block(func, env, [node])
-            direct_steps, direct_models = self._direct_work(body, node)
-            if direct_steps:
+            captured = self._already_captured(node, env)
+            direct_steps, direct_models = (False, False) if captured else self._direct_work(body, node)
+            if captured or direct_steps:
                 region = self._region(body, node, include_nested=self._is_separate_eval_loop)
                 for n, _ in region.nodes:
                     if type(n) in LOOPS and n is not node:
-                        absorbed.add(id(n))
-                found.append(Loop(node, func, "train", region, ancestors))
+                        absorbed.setdefault(id(n), id(node))
+                if not captured:
+                    found.append(Loop(node, func, "train", region, ancestors))
             elif direct_models and not self._has_step_anywhere(body, node) and self._under_no_grad(node, func, ancestors, env):
                 region = self._region(body, node, include_nested=lambda *a: False)
                 found.append(Loop(node, func, "inference", region, ancestors))
-        return found
+        # A loop found before the step loop that runs it (micro-steps in a helper defined above the batch
+        # loop) is part of that step, not a loop of its own: reported alone, it would be rewritten twice.
+        return [loop for loop in found if not _runs_inside_another(id(loop.node), absorbed)]
 
     @cached_property
     def _steppers(self) -> set[str]:
@@ -379,3 +381,10 @@ class ModuleAnalysis:
             if isinstance(a, cst.If) and is_periodic_gpu_branch(a, block.env):
                 return True
         return False
+
+
+def _runs_inside_another(loop: int, absorbed: dict[int, int]) -> bool:
+    """Whether a step loop's region runs `loop`, and `loop`'s own region does not run that loop back
+    (a recursion between two helpers keeps both)."""
+    outer = absorbed.get(loop)
+    return outer is not None and outer != loop and absorbed.get(outer) != loop
