@@ -58,6 +58,16 @@ def test_split_separates_tensors_from_host_values():
     assert one is not other and split((one,))[1] == split((other,))[1] == (0.25,)
 
 
+def test_an_object_input_keys_by_identity_and_its_id_is_not_reused_while_keyed():
+    # a criterion rebuilt each epoch: the freed one's id must not match a later one's key
+    first = torch.nn.CrossEntropyLoss()
+    key = split((first,))[1]
+    assert split((first,))[1] == key
+    del first
+    later = [torch.nn.CrossEntropyLoss() for _ in range(200)]
+    assert all(split((criterion,))[1] != key for criterion in later)
+
+
 def test_the_step_runs_eagerly_off_cuda():
     calls = []
 

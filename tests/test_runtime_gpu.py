@@ -187,21 +187,24 @@ def test_a_one_gpu_dataparallel_model_is_captured_and_trains_the_same():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def _mse_step(model, opt):
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return train_step
+
+
 def _unfreezing(wrap_step, wrap_model, steps=16, unfreeze_at=6):
     """The first layer frozen for a few steps, then unfrozen between steps, outside the step (a
     fine-tuning schedule): the parameters after training, and the step or graphed module used."""
     model, opt, batches = _setup()
     model[0].requires_grad_(False)
     called = wrap_model(model)
-
-    def train_step(x, y):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(called(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    step = wrap_step(train_step)
+    step = wrap_step(_mse_step(called, opt))
     for i in range(steps):
         if i == unfreeze_at:
             model[0].requires_grad_(True)
@@ -239,15 +242,7 @@ def _adding_a_param_group(wrap_step, steps=20, added_at=8):
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).cuda()
     opt = torch.optim.Adam(model[2].parameters(), lr=1e-2)
     batches = [(torch.randn(8, 16, device="cuda"), torch.randn(8, 4, device="cuda")) for _ in range(4)]
-
-    def train_step(x, y):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    step = wrap_step(train_step)
+    step = wrap_step(_mse_step(model, opt))
     for i in range(steps):
         if i == added_at:
             opt.add_param_group({"params": model[0].parameters(), "lr": 1e-3})

@@ -63,9 +63,10 @@ class CapturedStep:
     For each key (host branch outcomes such as "the optimizer steps this time", the modules' modes,
     whether grad is enabled) the first `warmup` calls on CUDA run eagerly on a side stream; the next
     call copies its inputs into static buffers, captures the step and replays it; later calls copy
-    their inputs in and replay. Inputs of another shape, dtype or device, calls off CUDA, and calls
-    after a setting the graph froze has changed (a float learning rate on an optimizer that cannot
-    read a tensor one, betas or momentum moved by a scheduler, a param group added) capture again. A replay
+    their inputs in and replay. Inputs of another shape, dtype or device and calls off CUDA run
+    eagerly; calls after a setting the graph froze has changed (a float learning rate on an optimizer
+    that cannot read a tensor one, betas or momentum moved by a scheduler, a param group added)
+    capture again. A replay
     returns the graph's static outputs, which the next replay overwrites: `copy_outputs` keeps them.
     """
 
@@ -280,7 +281,8 @@ class CapturedStep:
         """During capture, optimizers that can read the learning rate from a device tensor do."""
         state, swapped = self.state, []
         for optimizer in state.optimizers:
-            state.group_counts.append((optimizer, len(optimizer.param_groups)))
+            if not any(o is optimizer for o, _ in state.group_counts):  # once: any other count drops every graph
+                state.group_counts.append((optimizer, len(optimizer.param_groups)))
             for group in optimizer.param_groups:
                 if "capturable" in group and not torch.is_tensor(group["lr"]):
                     lr = torch.tensor(group["lr"], dtype=torch.float32, device=group["params"][0].device)

@@ -113,7 +113,24 @@ def _leaves(value, out, host) -> None:
     elif value is None or isinstance(value, (numbers.Number, str, bytes)):  # NumPy scalars too: by value
         host.append(value)
     else:
-        host.append(id(value))
+        host.append(Identity(value))
+
+
+class Identity:
+    """An object in a graph's key, equal only to itself. It holds the object, so that while the key
+    lives no later object can take its id (a criterion rebuilt each epoch must not replay the graph of
+    the freed one)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other) -> bool:
+        return type(other) is Identity and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
 
 
 def tree_map(fn, value):
