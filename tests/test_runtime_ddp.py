@@ -107,6 +107,33 @@ def test_a_ddp_step_switching_sync_per_micro_step_trains_as_eager_ddp(process_gr
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second GPU")
+def test_ddp_of_a_model_off_the_current_gpu_is_built_and_captured_on_the_models_gpu(process_group):
+    """A script that never calls torch.cuda.set_device: rank 1 wraps a model on cuda:1 while cuda:0 is
+    current. Built on cuda:0's side stream, its first capture failed on that rank."""
+    torch.manual_seed(0)
+    device = torch.device("cuda", 1)
+    assert torch.cuda.current_device() != device.index
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(device)
+    model = build_on_capture_stream(torch.nn.parallel.DistributedDataParallel, net, device_ids=[device.index])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x):
+        loss = model(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    captured = CapturedStep(step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphifyFallbackWarning)
+        for _ in range(14):
+            captured(torch.randn(4, 8, device=device))
+    assert captured.state.graphs
+
+
 def test_graphs_holding_collectives_are_freed_before_the_process_group_is_destroyed(process_group, monkeypatch):
     """Else destroy_process_group waits for ever on the communicator a captured all-reduce holds."""
     from graphify.runtime import distributed

@@ -23,7 +23,11 @@ parser.add_argument("--steps", type=int, default=400)
 parser.add_argument("--timed-from", type=int, default=100)
 parser.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
 parser.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
-parser.add_argument("--capturable", action="store_true", help="Adam's capturable code path in eager too (what a captured step runs)")
+parser.add_argument(
+    "--capturable",
+    action="store_true",
+    help="Adam's capturable code path with a device-tensor learning rate in eager too (what a captured step runs)",
+)
 args = parser.parse_args()
 
 rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
@@ -35,7 +39,9 @@ torch.manual_seed(0)
 model = nn.Sequential(*[layer for _ in range(4) for layer in (nn.Linear(256, 256), nn.ReLU())], nn.Linear(256, 10)).to(device)
 model = DDP(model, device_ids=[local_rank])
 if args.optimizer == "adam":
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=args.capturable)
+    # a float learning rate and a tensor one round Adam's step size apart, which 400 steps on 16 batches amplify
+    lr = torch.tensor(1e-3, device=device) if args.capturable else 1e-3
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, capturable=args.capturable)
 else:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 

@@ -110,6 +110,47 @@ def timm_checkpoint(path: Path, model: str = "resnet18", num_classes: int = 10) 
     subprocess.run([sys.executable, "-c", code, model, str(num_classes), path.name], cwd=path.parent, check=True)
 
 
+def pet_images(folder: Path, breeds: int = 10, per_breed: int = 32, size: int = 64) -> None:
+    """The Oxford-IIIT Pet layout: one folder of `<breed>_<number>.jpg` files, the label in the name."""
+    from PIL import Image
+
+    if _done(folder):
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for breed in range(breeds):
+        for index in range(per_breed):
+            pixels = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"breed{breed}_{index + 1}.jpg", quality=90)
+    _mark(folder)
+
+
+def hub_weights(folder: Path, model: str = "resnet50d") -> None:
+    """Randomly initialised weights of a timm model where `pretrained=True` finds them offline: the
+    Hugging Face hub cache layout (HF_HUB_CACHE=folder, HF_HUB_OFFLINE=1) for the model's default
+    pretrained tag, asked of the timm the run imports."""
+    import subprocess
+    import sys
+
+    if _done(folder):
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    code = """
+import sys, pathlib, timm, torch, safetensors.torch
+torch.manual_seed(0)
+net = timm.create_model(sys.argv[1], pretrained=False)
+repo = net.pretrained_cfg["hf_hub_id"].split("@")[0]
+snapshot = pathlib.Path(sys.argv[2], "models--" + repo.replace("/", "--"))
+(snapshot / "refs").mkdir(parents=True, exist_ok=True)
+(snapshot / "refs" / "main").write_text("0" * 40)
+files = snapshot / "snapshots" / ("0" * 40)
+files.mkdir(parents=True, exist_ok=True)
+safetensors.torch.save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(files / "model.safetensors"))
+"""
+    subprocess.run([sys.executable, "-c", code, model, str(folder)], check=True)
+    _mark(folder)
+
+
 def byte_archive(path: Path, size: int = 92_000_000) -> None:
     """A gzip file of `size` bytes of printable text (enwik8's layout: a byte stream that scripts read
     whole and split at 90e6 for validation, so the size must pass that split)."""
@@ -132,4 +173,6 @@ GENERATORS = {
     "cifar10": cifar10,
     "word_corpus": word_corpus,
     "image_folder": image_folder,
+    "pet_images": pet_images,
+    "hub_weights": hub_weights,
 }

@@ -25,15 +25,31 @@ DDP_WARMUP = 11
 _CAPTURE_STREAM_MARK = "_graphify_built_on_capture_stream"
 
 
+def _module_device(module) -> torch.device | None:
+    """The GPU of the wrapped module's parameters: the current device is not it in a script that never
+    calls `torch.cuda.set_device` (each rank passes `device_ids=[local_rank]`), and DDP built on
+    another GPU's stream fails its first capture on that rank."""
+    if not isinstance(module, torch.nn.Module):
+        return torch.device("cuda", torch.cuda.current_device())
+    param = next(module.parameters(), None)
+    if param is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return param.device if param.is_cuda else None
+
+
 def build_on_capture_stream(build, *args, **kwargs):
     """`build(*args, **kwargs)` (a DistributedDataParallel wrapper) run on the stream steps are captured on."""
     if not torch.cuda.is_available():
         return build(*args, **kwargs)
-    stream = side_stream(torch.device("cuda", torch.cuda.current_device()))
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        module = build(*args, **kwargs)
-    torch.cuda.current_stream().wait_stream(stream)
+    device = _module_device(args[0] if args else kwargs.get("module"))
+    if device is None:
+        return build(*args, **kwargs)  # a CPU model (gloo): nothing is captured
+    stream = side_stream(device)
+    with torch.cuda.device(device):
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            module = build(*args, **kwargs)
+        torch.cuda.current_stream().wait_stream(stream)
     setattr(module, _CAPTURE_STREAM_MARK, True)
     return module
 
