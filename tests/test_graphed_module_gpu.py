@@ -78,6 +78,27 @@ def test_dropped_graphs_leave_no_trace_in_batch_norm_or_the_rng(monkeypatch):
     _assert_bit_identical(got, expected)
 
 
+def test_dropped_graphs_leave_no_cuda_tensor_to_the_garbage_collector(monkeypatch):
+    """Dropped graphs hold their static tensors in reference cycles. Left to a later collection, a
+    DataLoader worker forked before it could free them, and a fork cannot touch CUDA: it aborts."""
+    import gc
+
+    monkeypatch.setattr(graphed_module_runtime, "MIN_REPLAY_GAIN", math.inf)
+    gc.collect()
+    gc.disable()
+    try:
+        got = _train(_normalised, graphed=True)
+        assert got[3].state["graphed"] is None
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection now would free stays in gc.garbage
+        gc.collect()
+        left = [o for o in gc.garbage if torch.is_tensor(o) and o.is_cuda]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not left, f"{len(left)} CUDA tensors were waiting for the garbage collector"
+
+
 def test_a_gpu_bound_forward_is_never_captured(monkeypatch):
     """Big matmuls keep the GPU busy far longer than their launch: the last warmup call tells, no capture."""
     captures = _counting_captures(monkeypatch)

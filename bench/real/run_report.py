@@ -98,6 +98,7 @@ def summary(records: list[dict], static: dict[str, list[dict]]) -> list[str]:
     on_cpu = [r["verify"] for r in records if r.get("verify") and not r.get("cuda_used")]
     passed = [v for v in verified if v["status"] == "passed"]
     fell_back = [v for v in verified if any(FALLBACK in n for n in v.get("runtime_notes") or [])]
+    no_gain = [v for v in fell_back if any("no gain expected" in n for n in v["runtime_notes"])]
     speedups = [v["speedup"] for v in passed if v.get("speedup") and v not in fell_back]  # nothing was captured
     whole = [r["whole_run"] for r in records if r.get("whole_run") and r.get("cuda_used")]
     crashes = [w for w in whole if w["eager"].get("ok") and not w["graphify"].get("ok")]
@@ -115,7 +116,7 @@ def summary(records: list[dict], static: dict[str, list[dict]]) -> list[str]:
         f"| refusals true (hand label: not capturable whole) | {truth.count('true')}/{len(refused)}"
         f" ({truth.count('disputed')} disputed, {truth.count('unlabelled')} unlabelled) |",
         f"| rewrites verified equivalent on the GPU (teacher-forced) | {len(passed)}/{len(verified)}"
-        f" ({len(fell_back)} ran eagerly after a failed capture) |",
+        f" ({len(fell_back)} ran eagerly: {len(fell_back) - len(no_gain)} after a failed capture, {len(no_gain)} with no gain expected) |",
         f"| CPU-only scripts verified equivalent (exact) | {sum(v['status'] == 'passed' for v in on_cpu)}/{len(on_cpu)} |",
         f"| rewritten scripts that crashed where eager ran | {len(crashes)} |",
         f"| step speedup (verify), median | {median}" + (f" (min {min(speedups):.2f}×)" if speedups else "") + " |",

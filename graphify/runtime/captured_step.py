@@ -194,7 +194,7 @@ class CapturedStep:
         device = tensors[0].device if tensors else self._param_device()
         self.state.side_stream_used = True
         stream = side_stream(device)
-        stream.wait_stream(torch.cuda.current_stream())
+        stream.wait_stream(torch.cuda.current_stream(device))  # the inputs' GPU: not the current one without set_device
         cache = torch.is_autocast_cache_enabled()
         torch.set_autocast_cache_enabled(False)  # cached casts would outlive a capture; values are the same
         try:
@@ -207,7 +207,7 @@ class CapturedStep:
                 return result
         finally:
             torch.set_autocast_cache_enabled(cache)
-            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.current_stream(device).wait_stream(stream)
 
     def _gpu_bound(self) -> bool:
         """Whether the last warmup step kept the GPU busy far longer than the host took to launch it (decided

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import numbers
 import warnings
@@ -85,13 +86,13 @@ class GraphedModule:
             if state["eager_runs"] < self.warmup or state["warmup_awaiting"]:
                 state["eager_runs"] += 1
                 stream = side_stream(inputs[0].device)
-                stream.wait_stream(torch.cuda.current_stream())
+                stream.wait_stream(torch.cuda.current_stream(inputs[0].device))
                 with torch.cuda.stream(stream):
                     load = Timing(stream)
                     outputs = self.module(*inputs, **constants)
                     load.stop()
                 state["load"] = load
-                torch.cuda.current_stream().wait_stream(stream)
+                torch.cuda.current_stream(inputs[0].device).wait_stream(stream)
                 self._await_backward(outputs, "warmup_awaiting")
                 return outputs
             if not self._capture(inputs, constants):
@@ -189,6 +190,11 @@ class GraphedModule:
             generator.graphsafe_set_state(saved_state)
         if why is None:
             self.state["graphed"] = graphed
+        else:
+            # graphs (or a failed capture's remains) hold static CUDA tensors in reference cycles: collected
+            # later, they could be freed in a DataLoader worker forked before, which cannot touch CUDA and aborts
+            del graphed, holder
+            gc.collect()
         return why
 
     def _time_passes(self, graphed, inputs, constants) -> tuple[float, float]:
