@@ -6,6 +6,9 @@ outside the capture stream. So `graphify rewrite` builds DDP through `build_on_c
 rebuilds its buckets during its first iterations, which must be over before capture (PyTorch's recipe
 warms up 11 steps). And whether a collective is captured must be the same on every rank (NCCL's rule):
 the ranks agree on each capture before the first replay, and all run eagerly if any rank's failed.
+That agreement cannot undo a capture that failed partway through its backward on one rank while the
+others recorded their all-reduces: DDP and NCCL may then be out of step, and a later collective can wait
+for ever. Such failures are prevented instead: DDP is built on the GPU of its model, not the current one.
 Last, a graph holding NCCL collectives keeps its communicator busy, so that destroying the process
 group would wait for ever (pytorch/pytorch#115388): the graphs are freed first.
 """

@@ -174,9 +174,10 @@ class GraphedModule:
         torch.set_autocast_cache_enabled(False)  # cached casts would outlive the capture; the values are the same
         graphed, why = None, None
         try:
-            graphed = torch.cuda.make_graphed_callables(holder, samples)
-            if not capture_forced():
-                why = slower_replays(*self._time_passes(graphed, inputs, constants))
+            with torch.cuda.device(inputs[0].device):  # make_graphed_callables works on the current GPU's streams
+                graphed = torch.cuda.make_graphed_callables(holder, samples)
+                if not capture_forced():
+                    why = slower_replays(*self._time_passes(graphed, inputs, constants))
         except Exception as exc:  # noqa: BLE001 - a failed capture leaves the module eager
             why = f"capture failed ({type(exc).__name__}: {first_line(exc)})"
         finally:
