@@ -47,10 +47,9 @@ def test_on_cpu_ddp_is_built_as_usual_and_its_step_runs_eagerly(process_group):
     assert "find_unused_parameters=True" in why_ddp_not_capturable(unused)
 
 
-@pytest.mark.cuda
-def test_a_ddp_step_is_captured_after_eleven_warmup_steps(process_group):
+def _captured_ddp_step(device) -> CapturedStep:
+    """An SGD step of a small DDP model on `device`, built as the rewrite builds it."""
     torch.manual_seed(0)
-    device = torch.device("cuda", torch.cuda.current_device())
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(device)
     model = build_on_capture_stream(torch.nn.parallel.DistributedDataParallel, net, device_ids=[device.index])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -62,7 +61,13 @@ def test_a_ddp_step_is_captured_after_eleven_warmup_steps(process_group):
         optimizer.step()
         return loss
 
-    captured = CapturedStep(step)
+    return CapturedStep(step)
+
+
+@pytest.mark.cuda
+def test_a_ddp_step_is_captured_after_eleven_warmup_steps(process_group):
+    device = torch.device("cuda", torch.cuda.current_device())
+    captured = _captured_ddp_step(device)
     with warnings.catch_warnings():
         warnings.simplefilter("error", GraphifyFallbackWarning)
         for i in range(14):
@@ -112,21 +117,9 @@ def test_a_ddp_step_switching_sync_per_micro_step_trains_as_eager_ddp(process_gr
 def test_ddp_of_a_model_off_the_current_gpu_is_built_and_captured_on_the_models_gpu(process_group):
     """A script that never calls torch.cuda.set_device: rank 1 wraps a model on cuda:1 while cuda:0 is
     current. Built on cuda:0's side stream, its first capture failed on that rank."""
-    torch.manual_seed(0)
     device = torch.device("cuda", 1)
     assert torch.cuda.current_device() != device.index
-    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(device)
-    model = build_on_capture_stream(torch.nn.parallel.DistributedDataParallel, net, device_ids=[device.index])
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-
-    def step(x):
-        loss = model(x).square().mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    captured = CapturedStep(step)
+    captured = _captured_ddp_step(device)
     with warnings.catch_warnings():
         warnings.simplefilter("error", GraphifyFallbackWarning)
         for _ in range(14):
