@@ -278,7 +278,8 @@ class CapturedStep:
             p.grad = grad
 
     def _use_tensor_lrs(self):
-        """During capture, optimizers that can read the learning rate from a device tensor do."""
+        """During capture, optimizers that can read the learning rate from a device tensor do; each
+        optimizer's number of param groups is recorded with the first graph."""
         state, swapped = self.state, []
         for optimizer in state.optimizers:
             if not any(o is optimizer for o, _ in state.group_counts):  # once: any other count drops every graph

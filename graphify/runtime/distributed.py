@@ -32,9 +32,7 @@ def _module_device(module) -> torch.device | None:
     """The GPU of the wrapped module's parameters: the current device is not it in a script that never
     calls `torch.cuda.set_device` (each rank passes `device_ids=[local_rank]`), and DDP built on
     another GPU's stream fails its first capture on that rank."""
-    if not isinstance(module, torch.nn.Module):
-        return torch.device("cuda", torch.cuda.current_device())
-    param = next(module.parameters(), None)
+    param = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
     if param is None:
         return torch.device("cuda", torch.cuda.current_device())
     return param.device if param.is_cuda else None
