@@ -1,18 +1,18 @@
 """Put on PYTHONPATH by bench/real/run.py for scripts that log to Weights & Biases: without an account or
-network, `init`, `log` and the run's attributes do nothing."""
+network, `init`, `log`, `config.update`, `Image` and the run's methods do nothing. The dist-info beside
+it lets libraries that look up wandb's installed version (accelerate, diffusers) find it."""
 
 from types import SimpleNamespace
 
-run = SimpleNamespace(name=None)
+
+def _nothing(*args, **kwargs):
+    return None
+
+
+config = SimpleNamespace(update=_nothing)
+run = SimpleNamespace(name=None, log=_nothing, finish=_nothing, config=config)
+log = finish = Image = _nothing
 
 
 def init(*args, **kwargs):
     return run
-
-
-def log(*args, **kwargs):
-    return None
-
-
-def finish(*args, **kwargs):
-    return None

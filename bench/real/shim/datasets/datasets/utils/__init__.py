@@ -1,0 +1,3 @@
+from . import logging
+
+__all__ = ["logging"]
