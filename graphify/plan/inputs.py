@@ -17,6 +17,7 @@ from graphify.plan import dataflow
 from graphify.plan.base import Plan, is_shape_read, rebound_in_loop
 from graphify.plan.draws import replace_draws
 from graphify.rules.rewrite_safety import (
+    HOST_BRANCH_IN_STEP,
     PER_STEP_HOST_VALUE,
 )
 
@@ -62,8 +63,20 @@ def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enc
             inputs.append(name)
     plan.inputs = _in_source_order(inputs + [name for name, _ in plan.draws.values()], graph_stmts)
     plan.outputs = _in_source_order([n for n in written if n in outside], graph_stmts)
+    _refuse_outputs_bound_on_some_steps(plan, body, refuse)
     after_loop = _names_read_outside(enclosing, {id(plan.loop.node)})
     plan.clones = [n for n in plan.outputs if n in after_loop or _kept_in_loop(n, body, plan)]
+
+
+def _refuse_outputs_bound_on_some_steps(plan: Plan, body: list[cst.BaseStatement], refuse) -> None:
+    """An output that only keyed `if`s bind (`if i % k == 0: loss = ...`, read after the step) keeps an
+    earlier step's value on the steps that skip the branch. The captured step returns what it binds, and
+    has nothing to return there, so such a step is not captured whole."""
+    for name in plan.outputs:
+        binders = [i for i in plan.graph if name in names_written(body[i])]
+        if binders and all(i in plan.keys for i in binders):
+            why = f"`{name}` is bound only on steps that take this branch; the others read an earlier step's `{name}`, which the captured step cannot return"
+            refuse(HOST_BRANCH_IN_STEP, body[binders[0]], why)
 
 
 def _read_before_bound(stmt: cst.BaseStatement, bound: set[str]) -> set[str]:

@@ -54,7 +54,7 @@ HOST_BRANCH_IN_STEP = rule(
     "host-branch-with-else-in-step",
     "rewrite-safety",
     "error",
-    "a host `if` with an `else` (or on one line) inside the step; one graph per outcome is not built for it",
+    "a host `if` inside the step with an `else`, on one line, or alone binding a value read after the step; one graph per outcome is not built for it",
     False,
 )
 LOOP_SHAPE = rule(
