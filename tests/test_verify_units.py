@@ -65,6 +65,41 @@ def test_probe_hands_over_the_state_the_next_step_reads_again():
     assert probe_follows_call(r.rewritten, r.step_name)
 
 
+def test_a_partial_capture_taken_on_some_steps_is_probed_inside_its_if():
+    """cleanrl's DQN learns only after `learning_starts` steps: a probe after the `if` would read a loss
+    no iteration has bound yet (NameError in the original) and record steps that did not happen."""
+    r = inst("""\
+        for step, (x, y) in enumerate(loader):
+            if step >= 1:
+                if step % 1 == 0:
+                    optimizer.zero_grad()
+                    loss = ((model(x) - y) ** 2).mean()
+                    loss.backward()
+                    optimizer.step()
+                print(step)
+        """)
+    assert "graphed_model" in r.rewritten
+    for code in (r.original, r.rewritten):
+        lines = code.splitlines()
+        at = next(i for i, line in enumerate(lines) if "__graphify_probe__(" in line)
+        assert lines[at - 1] == "            optimizer.step()" and lines[at] == "            __graphify_probe__(loss.item(), optimizer)"
+
+
+def test_a_whole_step_keyed_by_its_if_is_probed_after_the_replay():
+    r = inst("""\
+        for step, (x, y) in enumerate(loader):
+            if step % 2 == 0:
+                optimizer.zero_grad()
+                loss = ((model(x) - y) ** 2).mean()
+                loss.backward()
+                optimizer.step()
+            print(step)
+        """)
+    assert "CapturedStep(train_step)" in r.rewritten and probe_follows_call(r.rewritten, r.step_name)
+    # reading `loss` after the step would refuse the whole step (bound on even steps only): state alone
+    assert probe_line(r.original) == "__graphify_probe__(None, optimizer)" and not r.records_values
+
+
 def test_partial_capture_is_probed_without_carried_state():
     from pathlib import Path
 

@@ -64,10 +64,13 @@ def instrument(source: str, path: str, settings=None) -> Instrumented:
         if probe is None:
             why.append(f"line {line}: the step is not in the loop body itself")
             continue
-        index, text, records = probe
-        original = result.module.tree.visit(_Insert(loop.node, index, text)).code
-        rewrite = rewrite_source(original, path, settings)
-        outcome = next((o for o in rewrite.outcomes if o.line == line + 1), None)  # the entry marker is one line above
+        owner, index, text, records = probe
+        original, rewrite, outcome = _probed(result, loop.node, owner, index, text, line, path, settings)
+        if outcome is not None and outcome.model_only and records and isinstance(analysis.plan, Plan):
+            # the probe's read of the loss made the step refuse (a loss bound only under a keyed `if`): the
+            # whole step is what the user gets, so compare it on the state alone
+            text, records = _state_only(text), False
+            original, rewrite, outcome = _probed(result, loop.node, owner, index, text, line, path, settings)
         if rewrite.errors or outcome is None or not outcome.rewritten:
             reasons = [e.message for e in rewrite.errors] or (outcome.reasons if outcome else ["not rewritten"])
             why.append(f"line {line}: {'; '.join(reasons)}")
@@ -78,6 +81,20 @@ def instrument(source: str, path: str, settings=None) -> Instrumented:
         return Instrumented(original, rewrite.code, line, loop.kind, loop.func.qualname, outcome.step_name, records, *_context(analysis))
     detail = f" ({'; '.join(why)})" if why else ""
     raise InstrumentError(f"graphify rewrite changes no loop of this file, so there is nothing to verify{detail}")
+
+
+def _probed(result, loop: cst.CSTNode, owner: cst.CSTNode, index: int, text: str, line: int, path: str, settings):
+    """The original with the probe, its rewrite, and what the rewrite did with the probed loop."""
+    original = result.module.tree.visit(_Insert(loop, owner, index, text)).code
+    rewrite = rewrite_source(original, path, settings)
+    outcome = next((o for o in rewrite.outcomes if o.line == line + 1), None)  # the entry marker is one line above
+    return original, rewrite, outcome
+
+
+def _state_only(text: str) -> str:
+    """The probe call without the loss or outputs it records: it compares parameters and state alone."""
+    call = cst.parse_expression(text.split("\n")[0])
+    return _EMPTY.code_for_node(call.with_changes(args=[call.args[0].with_changes(value=cst.Name("None")), *call.args[1:]]))
 
 
 def instrument_given(source: str, path: str, rewritten: str, settings=None) -> Instrumented:
@@ -100,14 +117,18 @@ def instrument_given(source: str, path: str, rewritten: str, settings=None) -> I
         probe = _probe(analysis)
         if probe is None:
             continue
-        index, text, records = probe
+        owner, index, text, records = probe
         loop = analysis.loop
         header = _header(loop.node)
-        anchor = _EMPTY.code_for_node(body_of(loop)[index].with_changes(leading_lines=[])).strip()
+        anchor = _EMPTY.code_for_node(_block(owner)[index].with_changes(leading_lines=[])).strip()
         target = next((n for n in _all_nodes(given) if isinstance(n, (cst.For, cst.While)) and _header(n) == header), None)
-        if target is None:
+        if owner is not loop.node and target is not None:  # the step runs under an `if` of the loop: the same `if` there
+            target_owner = next((n for n in _all_nodes(target) if isinstance(n, cst.If) and _header(n) == _header(owner)), None)
+        else:
+            target_owner = target
+        if target_owner is None:
             continue
-        stmts = list(target.body.body) if isinstance(target.body, cst.IndentedBlock) else []
+        stmts = _block(target_owner)
         helpers = [name for name, _ in runtime_helper_assignments(Program().add(path, rewritten, given))]
         after = [i for i, st in enumerate(stmts) if _EMPTY.code_for_node(st.with_changes(leading_lines=[])).strip() == anchor]
         after = after or [i for i, st in enumerate(stmts) if any(_calls(st, name) for name in helpers)]
@@ -119,13 +140,12 @@ def instrument_given(source: str, path: str, rewritten: str, settings=None) -> I
         if isinstance(target, cst.For):
             available |= names_written(cst.Assign([cst.AssignTarget(target.target)], cst.Name("_")))
         if not names_read(call.args[0].value) <= available:  # the rewrite keeps no loss here: compare the state only
-            text = _EMPTY.code_for_node(call.with_changes(args=[call.args[0].with_changes(value=cst.Name("None")), *call.args[1:]]))
-            records = False
-        original = result.module.tree.visit(_Insert(loop.node, index, text)).code
+            text, records = _state_only(text), False
+        original = result.module.tree.visit(_Insert(loop.node, owner, index, text)).code
         step_name = next((name for name in helpers if _calls(stmts[after[-1]], name)), "")
         return Instrumented(
             original,
-            given.visit(_Insert(target, after[-1], text)).code,
+            given.visit(_Insert(target, target_owner, after[-1], text)).code,
             line,
             loop.kind,
             loop.func.qualname,
@@ -152,8 +172,9 @@ def _header(loop: cst.For | cst.While) -> str:
     return _EMPTY.code_for_node(loop.with_changes(leading_lines=[])).split("\n", 1)[0].strip()
 
 
-def _probe(analysis: LoopAnalysis) -> tuple[int, str, bool] | None:
-    """(index of the body statement to probe after, probe statement, records values) or None."""
+def _probe(analysis: LoopAnalysis) -> tuple[cst.CSTNode, int, str, bool] | None:
+    """(the loop or the `if` in it whose block gets the probe, index of the statement of that block to
+    probe after, probe statement, records values) or None."""
     loop = analysis.loop
     body = body_of(loop)
     env = loop.region.body_block.env
@@ -165,13 +186,16 @@ def _probe(analysis: LoopAnalysis) -> tuple[int, str, bool] | None:
         if not anchors and plan is not None:
             # the step runs in a called function: record what the captured call returns
             optimizers = _tuple([_code(o) for o in plan.optimizers]) or "None"
-            return plan.last, f"{PROBE}({_tuple(plan.outputs) or 'None'}, {optimizers}{carried})", bool(plan.outputs)
+            return loop.node, plan.last, f"{PROBE}({_tuple(plan.outputs) or 'None'}, {optimizers}{carried})", bool(plan.outputs)
         if not anchors:
             return None
         losses = [loss for _, n in calls if is_backward(n, env) and id(n) not in in_closures for loss in [_loss_of(n)] if loss is not None]
         value = _tuple([f"{_code(loss, attr=True)}.item()" for loss in losses])
         optimizers = _distinct(expr for expr, site in Checker(loop).stepped_optimizers if any(n is expr for s in body for n in walk(s)))
-        return anchors[-1], f"{PROBE}({value or 'None'}, {_tuple([_code(o) for o in optimizers]) or 'None'}{carried})", bool(losses)
+        owner, index = loop.node, anchors[-1]
+        if not isinstance(plan, Plan):  # a whole step captures its `if` (keyed by the condition); a partial one leaves it in the loop
+            owner, index = _step_block(loop.node, index, [n for _, n in calls if is_step_op(n, env)])
+        return owner, index, f"{PROBE}({value or 'None'}, {_tuple([_code(o) for o in optimizers]) or 'None'}{carried})", bool(losses)
     anchors = [i for i, n in calls if is_model_call(n, env)]
     if not anchors:
         return None
@@ -183,7 +207,25 @@ def _probe(analysis: LoopAnalysis) -> tuple[int, str, bool] | None:
         if isinstance(target, cst.Name) or (names and all(isinstance(e.value, cst.Name) for e in names)):
             output = target
     value = _tuple([_code(e.value) for e in names]) if names else _code(output) if output is not None else "None"
-    return anchors[-1], f"{PROBE}({value}, None)", output is not None
+    return loop.node, anchors[-1], f"{PROBE}({value}, None)", output is not None
+
+
+def _step_block(loop: cst.For | cst.While, index: int, step_calls: list[cst.Call]) -> tuple[cst.CSTNode, int]:
+    """Where the probe of a partial capture goes: after loop body statement `index`, or, when every step
+    call sits in the body of an `if` there (a step taken only on some iterations, `if step > warmup:`),
+    inside that `if`, so the probe runs when the step does and never reads a loss the iteration did not
+    compute."""
+    wanted = {id(c) for c in step_calls}
+    owner = loop
+    while isinstance((stmt := _block(owner)[index]), cst.If) and isinstance(stmt.body, cst.IndentedBlock):
+        if not wanted <= {id(n) for n in walk(stmt.body)}:
+            break
+        owner, index = stmt, max(j for j, s in enumerate(stmt.body.body) if any(id(n) in wanted for n in walk(s)))
+    return owner, index
+
+
+def _block(owner: cst.CSTNode) -> list[cst.BaseStatement]:
+    return list(owner.body.body) if isinstance(owner.body, cst.IndentedBlock) else []
 
 
 def _body_calls(body: list[cst.BaseStatement]) -> tuple[list[tuple[int, cst.Call]], set[int]]:
@@ -253,11 +295,11 @@ def _distinct(exprs) -> list[cst.BaseExpression]:
 
 
 class _Insert(cst.CSTTransformer):
-    """The probe after body statement `index` of the loop, and `__graphify_probe__.enter()` just before
-    the loop, which counts how often the loop is entered."""
+    """The probe after statement `index` of the block of `owner` (the loop, or an `if` in it), and
+    `__graphify_probe__.enter()` just before the loop, which counts how often the loop is entered."""
 
-    def __init__(self, loop: cst.CSTNode, index: int, text: str) -> None:
-        self.loop, self.index, self.text = loop, index, text
+    def __init__(self, loop: cst.CSTNode, owner: cst.CSTNode, index: int, text: str) -> None:
+        self.loop, self.owner, self.index, self.text = loop, owner, index, text
 
     def _mark(self, original, updated):
         if not any(c is self.loop for c in original.body):
@@ -272,15 +314,16 @@ class _Insert(cst.CSTTransformer):
     leave_IndentedBlock = _mark
     leave_Module = _mark
 
-    def _leave_loop(self, original, updated):
-        if original is not self.loop:
+    def _leave_owner(self, original, updated):
+        if original is not self.owner:
             return updated
         stmts = list(updated.body.body)
         stmts.insert(self.index + 1, cst.parse_statement(self.text))
         return updated.with_changes(body=updated.body.with_changes(body=stmts))
 
-    leave_For = _leave_loop
-    leave_While = _leave_loop
+    leave_For = _leave_owner
+    leave_While = _leave_owner
+    leave_If = _leave_owner
 
 
 def probe_follows_call(code: str, step_name: str) -> bool:
