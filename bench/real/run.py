@@ -90,6 +90,8 @@ def _environment(run: dict) -> dict[str, str]:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE / "shim" / "wandb"), env.get("PYTHONPATH")]))
     if run.get("datasets_shim"):  # Hugging Face `datasets` reading a local image folder
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE / "shim" / "datasets"), env.get("PYTHONPATH")]))
+    if run.get("root_on_path"):  # the repository's own packages, importable as an installed checkout has them
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORK / run["id"]), env.get("PYTHONPATH")]))
     if run.get("terminal_shim"):  # `stty size` answers without a terminal
         env["PATH"] = os.pathsep.join([str(HERE / "shim" / "bin"), env.get("PATH", "")])
     for name, value in run.get("env", {}).items():  # `{root}`: the run's repository root
