@@ -24,7 +24,7 @@ class _TokenSpans(CodegenState):
     """A code generation that records, per node, the indexes of its first and past-last tokens: of the
     whole node, or of its syntactic part where libcst records one (PositionProvidingCodegenState's
     rules, token indexes in place of positions). Keyed by id(node): libcst nodes hash by identity,
-    and the module that owns this table keeps its tree alive."""
+    and Positions keeps the tree alive while it holds this table."""
 
     def __init__(self, module: cst.Module) -> None:
         super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
@@ -72,6 +72,7 @@ class Positions:
     def __init__(self, module: cst.Module) -> None:
         state = _TokenSpans(module)
         module._codegen(state)
+        self._module = module  # the table is keyed by id(node): the tree must outlive it, or a new node could reuse an id
         self._spans = state.spans
         self._offsets = list(accumulate(map(len, state.tokens), initial=0))  # token index -> character offset
         self._line_starts = [0, *(m.end() for m in _NEWLINE.finditer("".join(state.tokens)))]
