@@ -168,3 +168,67 @@ def test_a_model_called_through_a_method_is_not_graphed_alone(settings):
     assert "self.model.forward(x)" in source
     result = rewrite_source(source, "train.py", settings)
     assert not result.changed and result.outcomes[0].verdict.value == "not-capturable"
+
+
+ACTION_PICKED_WITH_GRAD = """\
+        scores = model(x[:1])
+        pick = torch.argmax(scores, dim=1).item()
+        codes = encoder(x).detach()
+        optimizer.zero_grad()
+        loss = criterion(model(encoder(x)), y)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()"""
+
+
+def test_calls_no_backward_reaches_stay_on_the_module(settings):
+    """An action picked with gradients on (`argmax(model(obs))`) and a detached output never see a
+    backward: graphed, the first would leave the graph waiting for one and the model eager for good."""
+    result = rewrite_source(TEMPLATE.format(body=ACTION_PICKED_WITH_GRAD), "train.py", settings)
+    assert result.outcomes[0].verdict.value == "partially-capturable"
+    assert "scores = model(x[:1])" in result.code and "codes = encoder(x).detach()" in result.code
+    assert "graphed_model(graphed_encoder(x))" in result.code
+
+
+def test_a_name_read_elsewhere_keeps_its_call_graphed(settings):
+    body = ACTION_PICKED_WITH_GRAD.replace("scheduler.step()", "scheduler.step()\n        print(scores.sum())")
+    result = rewrite_source(TEMPLATE.format(body=body), "train.py", settings)
+    assert "scores = graphed_model(x[:1])" in result.code
+
+
+def test_items_written_into_an_array_the_loop_made_leave_the_model_graphed(settings):
+    """fixtures/check/dqn_action_with_grad.py fills numpy replay buffers in the loop (GFY703 for the whole
+    step): only the eager code around the model reads them, so the model is graphed. Buffers that came
+    from elsewhere may be state the forward reads: refused as before."""
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[1] / "fixtures/check/dqn_action_with_grad.py").read_text()
+    made_here = rewrite_source(source, "dqn.py", settings)
+    assert "graphed_q_network = GraphedModule(q_network)" in made_here.code
+    handed_in = source.replace("np.zeros((capacity, 4), dtype=np.float32)", "env.buffer()")
+    refused = rewrite_source(handed_in, "dqn.py", settings).outcomes[0]
+    assert not refused.rewritten and "GFY703" in refused.partial_refusal
+
+
+def test_an_array_the_forward_reads_keeps_the_loop_refused(settings):
+    source = """import numpy as np
+import torch
+import torch.nn as nn
+gains = np.ones(4, dtype=np.float32)
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 4)
+    def forward(self, x):
+        return self.fc(x) * float(gains[0])
+model = Scaled().cuda()
+optimizer = torch.optim.Adam(model.parameters(), capturable=True)
+for i, (x, y) in enumerate(loader):
+    gains[0] = 1.0 + i / 100
+    loss = (model(x.cuda()) - y.cuda()).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+    result = rewrite_source(source, "train.py", settings)
+    assert "GFY703" in result.outcomes[0].reasons and "GraphedModule" not in result.code, [o.reasons for o in result.outcomes]

@@ -165,8 +165,19 @@ def _in_loop_scope(chain: str | None, site, region) -> str | None:
                 if isinstance(call.func, cst.Attribute) and block.func.node is not None and block.func.node.name.value != "forward"
                 else dotted(call.func)
             )
+        elif _is_global_in(root, block.func.node, block.func.scope):
+            return chain  # a module's name (`gains[0]` read in a forward): the loop's scope spells it the same
         else:
             return None
         chain = f"{arg}.{rest}" if arg and rest else arg
         block = block.parent
     return chain
+
+
+def _is_global_in(name: str, func: cst.FunctionDef | None, scope) -> bool:
+    """The function neither takes nor binds `name`: it reads the module's (or an enclosing function's)."""
+    if func is None or name in scope.values:
+        return False
+    params = func.params
+    taken = [*params.posonly_params, *params.params, *params.kwonly_params, params.star_arg, params.star_kwarg]
+    return name not in {p.name.value for p in taken if isinstance(p, cst.Param)}

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from graphify.analysis.calls import is_backward, is_delegated_step, is_model_call, is_no_grad_item
+from graphify.analysis.calls import is_backward, is_delegated_step, is_model_call, is_no_grad_item, method_call
 from graphify.analysis.names import dotted
 from graphify.analysis.region import Loop
-from graphify.analysis.statements import walk
+from graphify.analysis.statements import names_written, walk
 from graphify.analysis.vocabulary import DDP
 from graphify.model import Rule
 from graphify.plan.base import Refusal, body_of
@@ -18,7 +18,8 @@ from graphify.rules.distributed import DDP_MODEL
 from graphify.rules.rewrite_safety import LOOP_SHAPE
 
 # What the eager code around the graphed models may not do: change attributes or modes the graphed
-# forward may read, or pad each batch to its own length. GFY252: the model's inputs change shape every
+# forward may read (items written into an array the loop's function made, and the forward does not
+# read, are the eager code's own: a replay buffer), or pad each batch to its own length. GFY252: the model's inputs change shape every
 # batch, so a graph would rarely replay; GFY402: LBFGS re-evaluates its closure, and a graphed model in
 # it, under host logic of its own. Collectives around the models run eagerly where they stand; whether a
 # model is wrapped in DDP only the run can tell, and GraphedModule leaves such a model eager.
@@ -49,7 +50,9 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
         if isinstance(w, cst.With) and any(is_no_grad_item(i.item, env) for i in w.items)
         for n in walk(w)
     }
-    model_calls = [c for c in calls if is_model_call(c, env) and id(c) not in without_grad]  # target networks under no_grad stay eager
+    scope = loop.func.node if loop.func.node is not None else loop.module.tree
+    # target networks under no_grad, and actions picked with grad on (`argmax(q_network(obs))`), stay eager
+    model_calls = [c for c in calls if is_model_call(c, env) and id(c) not in without_grad and not _never_differentiated(c, body, scope)]
     names = [_module_called(c) for c in model_calls]
     if not names or None in names:
         raise Refusal(LOOP_SHAPE, "partial capture needs the models called by name, outside no_grad in the loop body")
@@ -72,12 +75,87 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
     # A call made while the last replay's backward is still to come runs eagerly (GraphedModule), so the
     # model may be called under a condition, or more than once per step.
     forward = {n for call in model_calls for n in _forward_nodes(loop, call)}
+    read_in_forward = {n.value for n, _ in loop.region.nodes if isinstance(n, cst.Name) and id(n) in forward}
     for rule, node in breakers:
+        if rule.code == "GFY703" and _fills_host_buffer(node, scope, read_in_forward):
+            continue  # a replay buffer of the eager code around the models: no graph reads it
         if rule.code in _NEVER:
             raise Refusal(rule, f"partial capture cannot leave {rule.code} ({rule.name}) eager", node)
         if node is not None and id(node) in forward:
             raise Refusal(rule, "the model's forward itself would be captured with it", node)
     return PartialPlan(loop, model_calls, list(dict.fromkeys(names)), list(reasons))
+
+
+_INDEX_OR_HOST = {"argmax", "argmin", "detach", "item", "tolist"}  # what no gradient flows back through
+
+
+def _never_differentiated(call: cst.Call, body: list[cst.BaseStatement], scope: cst.CSTNode) -> bool:
+    """Whether the model call's result only ever reaches argmax/argmin, detach, item or tolist, directly
+    or through a name bound to it (an agent picking its action with gradients on). No backward reaches
+    such a call: graphed, it would leave the graph waiting for one, and the model eager from then on."""
+
+    def only_read_by(c: cst.Call, value: cst.CSTNode) -> bool:
+        m = method_call(c)
+        if m is not None and m[0] is value and m[1] in _INDEX_OR_HOST:
+            return True
+        name = dotted(c.func) or ""
+        return name.rsplit(".", 1)[-1] in ("argmax", "argmin") and bool(c.args) and c.args[0].value is value
+
+    nodes = [n for s in body for n in walk(s)]
+    if any(isinstance(n, cst.Call) and only_read_by(n, call) for n in nodes):
+        return True
+    bound = next((n for n in nodes if isinstance(n, cst.Assign) and n.value is call and len(n.targets) == 1), None)
+    if bound is None or not isinstance(bound.targets[0].target, cst.Name):
+        return False
+    name = bound.targets[0].target.value
+    scope_nodes = list(walk(scope))
+    occurrences = [n for n in scope_nodes if isinstance(n, cst.Name) and n.value == name]
+    targets = {id(t.target) for n in scope_nodes if isinstance(n, cst.Assign) for t in n.targets}
+    reads = {id(a.value) for n in scope_nodes if isinstance(n, cst.Call) for a in n.args[:1] if only_read_by(n, a.value)}
+    reads |= {id(n.func.value) for n in scope_nodes if isinstance(n, cst.Call) and only_read_by(n, getattr(n.func, "value", None))}
+    return bool(reads) and all(id(n) in targets or id(n) in reads for n in occurrences)
+
+
+_FRESH_ARRAYS = {"zeros", "ones", "empty", "full", "array", "zeros_like", "ones_like", "empty_like", "full_like", "tensor"}
+
+
+def _fills_host_buffer(node: cst.CSTNode | None, scope: cst.CSTNode, read_in_forward: set[str]) -> bool:
+    """Whether a GFY703 mutation only writes items of arrays the loop's function made itself
+    (`observations[slot] = obs` into `observations = np.zeros(...)`), which the models' forward does not
+    read: the eager code around the graphed models reads them afresh each step. An array bound to
+    anything else may alias a module's state, so it is not taken."""
+    assign = node.body[0] if isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 else node
+    if not isinstance(assign, cst.Assign):
+        return False
+    targets = [
+        e.value if isinstance(e, cst.Element) else e
+        for t in assign.targets
+        for e in (t.target.elements if isinstance(t.target, (cst.Tuple, cst.List)) else [t.target])
+    ]
+    roots = []
+    for target in targets:
+        if not isinstance(target, cst.Subscript):  # an item written, not a name or attribute
+            return False
+        while isinstance(target, cst.Subscript):
+            target = target.value
+        if not isinstance(target, cst.Name):
+            return False
+        roots.append(target.value)
+    bindings = [
+        n for n in walk(scope) if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.With, cst.Global, cst.Nonlocal))
+    ]
+    for root in roots:
+        if root in read_in_forward:
+            return False
+        made = [n for n in bindings if root in names_written(n)]
+        if not made or not all(isinstance(n, cst.Assign) and _is_fresh_array(n.value) for n in made):
+            return False
+    return True
+
+
+def _is_fresh_array(value: cst.BaseExpression) -> bool:
+    name = dotted(value.func) if isinstance(value, cst.Call) else None
+    return name is not None and name.split(".")[0] in ("np", "numpy", "torch") and name.rsplit(".", 1)[-1] in _FRESH_ARRAYS
 
 
 def _module_called(call: cst.Call) -> str | None:
