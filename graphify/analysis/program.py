@@ -67,6 +67,13 @@ class ModuleInfo:
         self._class_scopes: dict[int, Scope] = {}
         for stmt in tree.body:
             self._index(stmt)
+        # a class defined in a function (`def main(): class Net(nn.Module): ...`) is followed like a module's,
+        # unless its name is taken or defined twice: its forward is read, not trusted
+        local = [c for f in self.functions.values() for c in _classes_defined_in(f)]
+        names = [c.name.value for c in local]
+        for cls in local:
+            if names.count(cls.name.value) == 1:
+                self.classes.setdefault(cls.name.value, cls)
 
     def _index(self, stmt: cst.CSTNode) -> None:
         if isinstance(stmt, cst.FunctionDef):
@@ -188,3 +195,15 @@ class Program:
         except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
             return None
         return self.add(path, source, tree)
+
+
+def _classes_defined_in(func: cst.FunctionDef) -> list[cst.ClassDef]:
+    """Classes defined in a function's body, or in blocks of it (`if`, `with`, `try`), not in nested functions."""
+    found, stack = [], list(func.body.body) if isinstance(func.body, cst.IndentedBlock) else []
+    while stack:
+        stmt = stack.pop()
+        if isinstance(stmt, cst.ClassDef):
+            found.append(stmt)
+        elif isinstance(stmt, (cst.If, cst.With, cst.Try, cst.For, cst.While)) and isinstance(stmt.body, cst.IndentedBlock):
+            stack.extend(stmt.body.body)
+    return found

@@ -12,7 +12,8 @@ from __future__ import annotations
 import libcst as cst
 
 from graphify.analysis.names import dotted
-from graphify.analysis.statements import names_written, walk
+from graphify.analysis.tree import children
+from graphify.analysis.statements import names_read, names_written, walk
 from graphify.plan.dataflow import attribute_targets, captured_nodes, target_parts
 from graphify.rules.rewrite_safety import MUTATED_STATE
 
@@ -20,6 +21,7 @@ from graphify.rules.rewrite_safety import MUTATED_STATE
 # methods of dicts, lists and deques that change the container in place
 _CONTAINER_TYPES = {"dict", "list", "deque", "defaultdict", "OrderedDict"}
 _MUTATORS = {"update", "setdefault", "pop", "popitem", "clear", "append", "extend", "insert", "remove", "appendleft", "extendleft"}
+_ARRAY_MUTATORS = {"fill", "put", "sort", "itemset"}  # a numpy array's in-place methods (host memory a capture would freeze)
 
 
 def check_loop_mutations(plan, body, refuse) -> None:
@@ -27,6 +29,7 @@ def check_loop_mutations(plan, body, refuse) -> None:
     by it (`self.global_step`, `cfg["scale"]`), nor under an object it hands to code graphify does not
     see (`model.drop.p = ...` while the step calls `model(x)`)."""
     region = plan.loop.region
+    _loop_names_read_by_calls(plan, body, refuse)
     graph_ids = {id(n) for i in plan.graph for n in walk(body[i])}
     kept_out = {id(n) for i, ks in plan.split_ifs.items() for k in ks for n in walk(body[i].body.body[k])}
     rebound = names_written(plan.loop.node)  # its target included
@@ -69,6 +72,44 @@ def check_loop_mutations(plan, body, refuse) -> None:
             name = next((name for name in handed if name is not None and name != "self" and chain.startswith(name + ".")), None)
             if name is not None:
                 refuse(MUTATED_STATE, node, f"`{chain}` is changed {where} and the step hands `{name}` to code that may read it")
+
+
+def _loop_names_read_by_calls(plan, body, refuse) -> None:
+    """Names the loop rebinds (`scale = 1 + i / 100`) that a method the step runs (a forward) reads without
+    binding them: a class at module level reads the module's `scale`, one defined in the loop's function
+    that function's. A capture would freeze the value it read."""
+    region, loop = plan.loop.region, plan.loop
+    # methods (a forward and what it calls on self) of the file's classes, for a loop in a function those
+    # defined in it: closures and plain helpers read the loop's names by design, and are planned as such
+    classes = loop.module.classes.values()
+    if loop.func.node is not None:
+        inside = {id(n) for n in _descendants(loop.func.node)}
+        classes = [c for c in classes if id(c) in inside]
+    methods = {id(s) for c in classes for s in c.body.body if isinstance(s, cst.FunctionDef)}
+    reached = {id(site.block.func.node): site.block.func for _, site in captured_nodes(plan, body) if site.block is not region.body_block}
+    free = {
+        name
+        for key, func in reached.items()
+        if key in methods
+        for name in names_read(func.node.body)
+        if _is_global_in(name, func.node, func.scope)
+    }
+    for name in sorted(names_written(loop.node) & free):
+        binder = next((n for n in walk(loop.node) if isinstance(n, cst.BaseSmallStatement) and name in names_written(n)), loop.node)
+        refuse(
+            MUTATED_STATE,
+            binder,
+            f"`{name}` is rebound in the loop and read by a method the step runs (a forward); capture would freeze it",
+        )
+
+
+def _descendants(node: cst.CSTNode):
+    """Every node under `node`, into nested functions and classes too (`walk` stops at them)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(children(n))
 
 
 def _containers(node, rebound: set[str]) -> list[str]:
@@ -122,7 +163,7 @@ def _changed_chains(node, rebound: set[str], loop) -> list[str]:
         return [dotted(t) for t in attribute_targets(node)] + _containers(node, rebound)
     if not isinstance(node, cst.Call):
         return []
-    if isinstance(node.func, cst.Attribute) and node.func.attr.value in _MUTATORS:
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value in _MUTATORS | _ARRAY_MUTATORS:
         receiver = node.func.value
         if isinstance(receiver, cst.Name) and receiver.value not in rebound and _plain_container(receiver.value, loop):
             return [receiver.value]
@@ -138,13 +179,14 @@ def _changed_chains(node, rebound: set[str], loop) -> list[str]:
 
 
 def _plain_container(name: str, loop) -> bool:
-    """A name only ever bound to a dict, list or deque (a literal or its constructor): its `update` or
-    `append` changes values the step may read. Other objects' `update()` (a GradScaler's, a meter's) is
-    their own business, judged by the rules that know them."""
+    """A name only ever bound to a dict, list or deque (a literal or its constructor) or a numpy array
+    made by numpy: its `update`, `append` or `fill` changes values the step may read. Other objects'
+    `update()` (a GradScaler's, a meter's) is their own business, judged by the rules that know them."""
     values = loop.func.scope.values.get(name) or loop.module.scope.values.get(name)
     return bool(values) and all(
         isinstance(v, (cst.Dict, cst.List, cst.DictComp, cst.ListComp))
         or (isinstance(v, cst.Call) and (dotted(v.func) or "").rsplit(".", 1)[-1] in _CONTAINER_TYPES)
+        or (isinstance(v, cst.Call) and (dotted(v.func) or "").split(".", 1)[0] in ("np", "numpy"))
         for v in values
     )
 

@@ -1,0 +1,91 @@
+"""Host state the loop changes and a model's forward reads (a module-level array, dict, object or name,
+or a closure's variable when the class is defined in the loop's function): a captured step would keep
+the value read at capture, so neither the whole step nor the model alone is captured (GFY703). Each case
+was rewritten whole, silently frozen, before the analysis matched a forward's free names to the loop's."""
+
+import pytest
+
+from graphify.rewrite import rewrite_source
+
+MODULE_LEVEL = """import numpy as np
+import torch
+import torch.nn as nn
+{prelude}
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 1)
+    def forward(self, x):
+        return self.fc(x) * {read}
+model = Net().cuda()
+optimizer = torch.optim.Adam(model.parameters(), capturable=True)
+for i, (x, y) in enumerate(loader):
+    {write}
+    loss = (model(x.cuda()) - y.cuda()).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+CASES = {
+    "numpy-item": ("A = np.ones(1)", "float(A[0])", "A[0] = 1.0 + i / 100"),
+    "numpy-fill": ("A = np.ones(1)", "float(A[0])", "A.fill(1.0 + i / 100)"),
+    "dict": ('CFG = {"scale": 1.0}', 'CFG["scale"]', 'CFG["scale"] = 1.0 + i / 100'),
+    "object": ("import types\nSET = types.SimpleNamespace(scale=1.0)", "SET.scale", "SET.scale = 1.0 + i / 100"),
+    "name": ("scale = 1.0", "scale", "scale = 1.0 + i / 100"),
+    "list-append": ("HIST = [1.0]", "HIST[-1]", "HIST.append(1.0 + i / 100)"),
+    "cpu-tensor-item": ("S = torch.ones(1)", "float(S[0])", "S[0] = 1.0 + i / 100"),
+}
+
+IN_A_FUNCTION = """import torch
+import torch.nn as nn
+
+
+def main(loader):
+    scale = 1.0
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.fc(x) * scale
+
+    model = Net().cuda()
+    optimizer = torch.optim.Adam(model.parameters(), capturable=True)
+    for i, (x, y) in enumerate(loader):
+        scale = 1.0 + i / 100
+        loss = (model(x.cuda()) - y.cuda()).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def sources():
+    for name, (prelude, read, write) in CASES.items():
+        yield pytest.param(MODULE_LEVEL.format(prelude=prelude, read=read, write=write), id=name)
+    yield pytest.param(IN_A_FUNCTION, id="closure-of-a-local-class")
+
+
+@pytest.mark.parametrize("source", list(sources()))
+def test_state_the_forward_reads_keeps_the_loop_eager(settings, source):
+    result = rewrite_source(source, "train.py", settings)
+    outcome = result.outcomes[0]
+    assert not result.changed and "GFY703" in outcome.reasons, (outcome.verdict, outcome.reasons)
+
+
+def test_the_same_loop_is_captured_when_the_forward_reads_nothing_the_loop_changes(settings):
+    source = MODULE_LEVEL.format(prelude="A = np.ones(1)", read="2.0", write="A[0] = 1.0 + i / 100")
+    assert "CapturedStep(train_step" in rewrite_source(source, "train.py", settings).code
+
+
+def test_a_local_class_forward_is_read(settings):
+    """A class defined in the loop's function is followed like a module's: a host read in its forward
+    is found, not trusted."""
+    source = IN_A_FUNCTION.replace("return self.fc(x) * scale", "return self.fc(x) * 2.0 + x.sum().item()").replace(
+        "        scale = 1.0 + i / 100\n", ""
+    )
+    outcome = rewrite_source(source, "train.py", settings).outcomes[0]
+    assert "GFY001" in outcome.reasons, outcome.reasons
