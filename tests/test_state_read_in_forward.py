@@ -1,5 +1,6 @@
 """Host state the loop changes and a model's forward reads (a module-level array, dict, object or name,
-or a closure's variable when the class is defined in the loop's function): a captured step would keep
+or a closure's variable when the class is defined in the loop's function), or a module function the
+step calls (a loss reading a module-level weight the module-level loop sets): a captured step would keep
 the value read at capture, so neither the whole step nor the model alone is captured (GFY703). Each case
 was rewritten whole, silently frozen, before the analysis matched a forward's free names to the loop's."""
 
@@ -63,10 +64,28 @@ def main(loader):
 """
 
 
+A_LOSS_FUNCTION = """import torch
+import torch.nn as nn
+import torch.nn.functional as F
+WEIGHT = 1.0
+def loss_fn(out, y):
+    return F.mse_loss(out, y) * WEIGHT
+model = nn.Linear(8, 1).cuda()
+optimizer = torch.optim.Adam(model.parameters(), capturable=True)
+for i, (x, y) in enumerate(loader):
+    WEIGHT = 1.0 + i / 100
+    loss = loss_fn(model(x.cuda()), y.cuda())
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
 def sources():
     for name, (prelude, read, write) in CASES.items():
         yield pytest.param(MODULE_LEVEL.format(prelude=prelude, read=read, write=write), id=name)
     yield pytest.param(IN_A_FUNCTION, id="closure-of-a-local-class")
+    yield pytest.param(A_LOSS_FUNCTION, id="module-function-at-module-level")
 
 
 @pytest.mark.parametrize("source", list(sources()))

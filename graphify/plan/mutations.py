@@ -77,7 +77,8 @@ def check_loop_mutations(plan, body, refuse) -> None:
 def _loop_names_read_by_calls(plan, body, refuse) -> None:
     """Names the loop rebinds (`scale = 1 + i / 100`) that a method the step runs (a forward) reads without
     binding them: a class at module level reads the module's `scale`, one defined in the loop's function
-    that function's. A capture would freeze the value it read."""
+    that function's; so do the module's functions when the loop is at module level. A capture would
+    freeze the value it read."""
     region, loop = plan.loop.region, plan.loop
     # methods (a forward and what it calls on self) of the file's classes, for a loop in a function those
     # defined in it: closures and plain helpers read the loop's names by design, and are planned as such
@@ -86,6 +87,8 @@ def _loop_names_read_by_calls(plan, body, refuse) -> None:
         inside = {id(n) for n in _descendants(loop.func.node)}
         classes = [c for c in classes if id(c) in inside]
     methods = {id(s) for c in classes for s in c.body.body if isinstance(s, cst.FunctionDef)}
+    if loop.func.node is None:  # the module's functions read the module's names the loop rebinds
+        methods |= {id(f) for f in loop.module.functions.values()}
     reached = {id(site.block.func.node): site.block.func for _, site in captured_nodes(plan, body) if site.block is not region.body_block}
     free = {
         name
@@ -99,7 +102,7 @@ def _loop_names_read_by_calls(plan, body, refuse) -> None:
         refuse(
             MUTATED_STATE,
             binder,
-            f"`{name}` is rebound in the loop and read by a method the step runs (a forward); capture would freeze it",
+            f"`{name}` is rebound in the loop and read by a function the step runs (a forward, a loss); capture would freeze it",
         )
 
 
