@@ -81,11 +81,53 @@ for i, (x, y) in enumerate(loader):
 """
 
 
+A_GLOBAL_OF_MAIN = """import torch
+import torch.nn as nn
+WEIGHT = 1.0
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 1)
+    def forward(self, x):
+        return self.fc(x) * WEIGHT
+def main(loader):
+    global WEIGHT
+    model = Net().cuda()
+    optimizer = torch.optim.Adam(model.parameters(), capturable=True)
+    for i, (x, y) in enumerate(loader):
+        WEIGHT = 1.0 + i / 100
+        loss = (model(x.cuda()) - y.cuda()).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+THE_EPOCH = """import torch
+import torch.nn as nn
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 1)
+    def forward(self, x):
+        return self.fc(x) * (0.5 if epoch < 2 else 1.0)
+model = Net().cuda()
+optimizer = torch.optim.Adam(model.parameters(), capturable=True)
+for epoch in range(4):
+    for x, y in loader:
+        loss = (model(x.cuda()) - y.cuda()).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
 def sources():
     for name, (prelude, read, write) in CASES.items():
         yield pytest.param(MODULE_LEVEL.format(prelude=prelude, read=read, write=write), id=name)
     yield pytest.param(IN_A_FUNCTION, id="closure-of-a-local-class")
     yield pytest.param(A_LOSS_FUNCTION, id="module-function-at-module-level")
+    yield pytest.param(A_GLOBAL_OF_MAIN, id="declared-global-in-the-loops-function")
+    yield pytest.param(THE_EPOCH, id="rebound-by-the-enclosing-loop")
 
 
 @pytest.mark.parametrize("source", list(sources()))

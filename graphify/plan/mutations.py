@@ -75,34 +75,37 @@ def check_loop_mutations(plan, body, refuse) -> None:
 
 
 def _loop_names_read_by_calls(plan, body, refuse) -> None:
-    """Names the loop rebinds (`scale = 1 + i / 100`) that a method the step runs (a forward) reads without
-    binding them: a class at module level reads the module's `scale`, one defined in the loop's function
-    that function's; so do the module's functions when the loop is at module level. A capture would
-    freeze the value it read."""
+    """Names the loop, or a loop around it, rebinds (`scale = 1 + i / 100`, `for epoch in ...`) that a
+    function the step runs reads without binding them: a method (a forward) of a class at module level,
+    or one of the module's functions, reads the module's name when the loops are at module level or the
+    loop's function declares it `global`; a method of a class defined in the loop's function reads that
+    function's. Plain closures read the loop's names by design and are planned as such. A capture would
+    freeze the value read at capture."""
     region, loop = plan.loop.region, plan.loop
-    # methods (a forward and what it calls on self) of the file's classes, for a loop in a function those
-    # defined in it: closures and plain helpers read the loop's names by design, and are planned as such
-    classes = loop.module.classes.values()
-    if loop.func.node is not None:
+    outermost = loop.outer_loops[0] if loop.outer_loops else loop.node
+    rebound = names_written(outermost)
+    module_readers = {id(s) for c in loop.module.classes.values() for s in c.body.body if isinstance(s, cst.FunctionDef)}
+    module_readers |= {id(f) for f in loop.module.functions.values()}
+    if loop.func.node is None:
+        readers = {key: rebound for key in module_readers}
+    else:
+        declared = {n.name.value for g in walk(loop.func.node) if isinstance(g, cst.Global) for n in g.names}
         inside = {id(n) for n in _descendants(loop.func.node)}
-        classes = [c for c in classes if id(c) in inside]
-    methods = {id(s) for c in classes for s in c.body.body if isinstance(s, cst.FunctionDef)}
-    if loop.func.node is None:  # the module's functions read the module's names the loop rebinds
-        methods |= {id(f) for f in loop.module.functions.values()}
+        local = {id(s) for c in loop.module.classes.values() if id(c) in inside for s in c.body.body if isinstance(s, cst.FunctionDef)}
+        readers = {key: rebound & declared for key in module_readers - local} | {key: rebound for key in local}
     reached = {id(site.block.func.node): site.block.func for _, site in captured_nodes(plan, body) if site.block is not region.body_block}
-    free = {
+    frozen = {
         name
         for key, func in reached.items()
-        if key in methods
-        for name in names_read(func.node.body)
+        for name in names_read(func.node.body) & readers.get(key, set())
         if _is_global_in(name, func.node, func.scope)
     }
-    for name in sorted(names_written(loop.node) & free):
-        binder = next((n for n in walk(loop.node) if isinstance(n, cst.BaseSmallStatement) and name in names_written(n)), loop.node)
+    for name in sorted(frozen):
+        binder = next((n for n in walk(outermost) if isinstance(n, cst.BaseSmallStatement) and name in names_written(n)), outermost)
         refuse(
             MUTATED_STATE,
             binder,
-            f"`{name}` is rebound in the loop and read by a function the step runs (a forward, a loss); capture would freeze it",
+            f"`{name}` is rebound by the loop and read by a function the step runs (a forward, a loss); capture would freeze it",
         )
 
 
