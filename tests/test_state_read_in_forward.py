@@ -121,6 +121,26 @@ for epoch in range(4):
 """
 
 
+A_CONTAINER_OF_THE_MODEL = """import torch
+import torch.nn as nn
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 1)
+        self.seen = {made}
+    def forward(self, x):
+        return self.fc(x) * {read}
+model = Net().cuda()
+optimizer = torch.optim.Adam(model.parameters(), capturable=True)
+for i, (x, y) in enumerate(loader):
+    {write}
+    loss = (model(x.cuda()) - y.cuda()).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
 def sources():
     for name, (prelude, read, write) in CASES.items():
         yield pytest.param(MODULE_LEVEL.format(prelude=prelude, read=read, write=write), id=name)
@@ -128,6 +148,10 @@ def sources():
     yield pytest.param(A_LOSS_FUNCTION, id="module-function-at-module-level")
     yield pytest.param(A_GLOBAL_OF_MAIN, id="declared-global-in-the-loops-function")
     yield pytest.param(THE_EPOCH, id="rebound-by-the-enclosing-loop")
+    attribute_list = dict(made="[]", read="(1.0 + len(self.seen) / 100)", write="model.seen.append(i)")
+    yield pytest.param(A_CONTAINER_OF_THE_MODEL.format(**attribute_list), id="a-list-attribute-appended")
+    attribute_dict = dict(made='{"scale": 1.0}', read='self.seen["scale"]', write="model.seen.update(scale=1.0 + i / 100)")
+    yield pytest.param(A_CONTAINER_OF_THE_MODEL.format(**attribute_dict), id="a-dict-attribute-updated")
 
 
 @pytest.mark.parametrize("source", list(sources()))

@@ -173,6 +173,9 @@ def _changed_chains(node, rebound: set[str], loop) -> list[str]:
         receiver = node.func.value
         if isinstance(receiver, cst.Name) and receiver.value not in rebound and _plain_container(receiver.value, loop):
             return [receiver.value]
+        chain = dotted(receiver) if isinstance(receiver, cst.Attribute) else None
+        if chain is not None and chain.split(".", 1)[0] not in rebound and _container_attribute(chain, loop):
+            return [chain]  # `model.history.append(i)`: a list the model's class made
     if isinstance(node.func, cst.Attribute) and node.func.attr.value == "apply":  # `model.apply(set_dropout)`
         chain = dotted(node.func.value)
         return [f"{chain}.*"] if chain is not None else []
@@ -194,6 +197,33 @@ def _plain_container(name: str, loop) -> bool:
         or (isinstance(v, cst.Call) and (dotted(v.func) or "").rsplit(".", 1)[-1] in _CONTAINER_TYPES)
         or (isinstance(v, cst.Call) and (dotted(v.func) or "").split(".", 1)[0] in ("np", "numpy"))
         for v in values
+    )
+
+
+def _container_attribute(chain: str, loop) -> bool:
+    """`model.history` where `model` is made from a class of the file (`Net()`, `Net().cuda()`) whose
+    methods bind `self.history` only to a dict, list or deque: a container its in-place methods change."""
+    root, _, attr = chain.partition(".")
+    if "." in attr:
+        return False
+    values = loop.func.scope.values.get(root) or loop.module.scope.values.get(root) or []
+    classes = set()
+    for value in values:
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda", "train"):
+            value = value.func.value
+        if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in loop.module.classes):
+            return False
+        classes.add(value.func.value)
+    bound = [
+        n.value
+        for name in classes
+        for n in _descendants(loop.module.classes[name])
+        if isinstance(n, cst.Assign) and any(isinstance(t.target, cst.Attribute) and dotted(t.target) == f"self.{attr}" for t in n.targets)
+    ]
+    return bool(bound) and all(
+        isinstance(v, (cst.Dict, cst.List, cst.DictComp, cst.ListComp))
+        or (isinstance(v, cst.Call) and (dotted(v.func) or "").rsplit(".", 1)[-1] in _CONTAINER_TYPES)
+        for v in bound
     )
 
 
