@@ -19,8 +19,8 @@ from graphify.rules.rewrite_safety import LOOP_SHAPE
 
 # What the eager code around the graphed models may not do: change attributes or modes the graphed
 # forward may read (items written into an array the loop's function made, and the forward does not
-# read, are the eager code's own: a replay buffer), or pad each batch to its own length. GFY252: the model's inputs change shape every
-# batch, so a graph would rarely replay; GFY402: LBFGS re-evaluates its closure, and a graphed model in
+# read, are the eager code's own: a replay buffer), or pad each batch to its own length. GFY252: the
+# model's inputs change shape every batch, so a graph would rarely replay; GFY402: LBFGS re-evaluates its closure, and a graphed model in
 # it, under host logic of its own. Collectives around the models run eagerly where they stand; whether a
 # model is wrapped in DDP only the run can tell, and GraphedModule leaves such a model eager.
 _NEVER = {"GFY703", "GFY252", "GFY402"}
@@ -112,7 +112,11 @@ def _never_differentiated(call: cst.Call, body: list[cst.BaseStatement], scope: 
     occurrences = [n for n in scope_nodes if isinstance(n, cst.Name) and n.value == name]
     targets = {id(t.target) for n in scope_nodes if isinstance(n, cst.Assign) for t in n.targets}
     reads = {id(a.value) for n in scope_nodes if isinstance(n, cst.Call) for a in n.args[:1] if only_read_by(n, a.value)}
-    reads |= {id(n.func.value) for n in scope_nodes if isinstance(n, cst.Call) and only_read_by(n, getattr(n.func, "value", None))}
+    reads |= {
+        id(n.func.value)
+        for n in scope_nodes
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and only_read_by(n, n.func.value)
+    }
     return bool(reads) and all(id(n) in targets or id(n) in reads for n in occurrences)
 
 
