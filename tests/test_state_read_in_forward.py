@@ -141,6 +141,27 @@ for i, (x, y) in enumerate(loader):
 """
 
 
+A_DICT_HANDED_TO_THE_MODEL = """import torch
+import torch.nn as nn
+class Head(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.fc = nn.Linear(8, 1)
+        self.cfg = cfg
+    def forward(self, x):
+        return self.fc(x) * self.cfg["scale"]
+cfg = {"scale": 1.0}
+model = Head(cfg).cuda()
+optimizer = torch.optim.Adam(model.parameters(), capturable=True)
+for i, (x, y) in enumerate(loader):
+    cfg["scale"] = 1.0 + i / 100
+    loss = (model(x.cuda()) - y.cuda()).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
 def sources():
     for name, (prelude, read, write) in CASES.items():
         yield pytest.param(MODULE_LEVEL.format(prelude=prelude, read=read, write=write), id=name)
@@ -148,6 +169,7 @@ def sources():
     yield pytest.param(A_LOSS_FUNCTION, id="module-function-at-module-level")
     yield pytest.param(A_GLOBAL_OF_MAIN, id="declared-global-in-the-loops-function")
     yield pytest.param(THE_EPOCH, id="rebound-by-the-enclosing-loop")
+    yield pytest.param(A_DICT_HANDED_TO_THE_MODEL, id="a-dict-the-model-was-given")
     attribute_list = dict(made="[]", read="(1.0 + len(self.seen) / 100)", write="model.seen.append(i)")
     yield pytest.param(A_CONTAINER_OF_THE_MODEL.format(**attribute_list), id="a-list-attribute-appended")
     attribute_dict = dict(made='{"scale": 1.0}', read='self.seen["scale"]', write="model.seen.update(scale=1.0 + i / 100)")
