@@ -162,6 +162,26 @@ for i, (x, y) in enumerate(loader):
 """
 
 
+AN_INFERENCE_LOOP = """import torch
+import torch.nn as nn
+CFG = {"t": 1.0}
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+    def forward(self, x):
+        return self.fc(x) / CFG["t"]
+def evaluate(model, loader):
+    outs = []
+    with torch.no_grad():
+        for i, x in enumerate(loader):
+            CFG["t"] = 1.0 + i / 10
+            outs.append(model(x.cuda()).softmax(-1))
+    return outs
+outs = evaluate(Net().cuda().eval(), loader)
+"""
+
+
 def sources():
     for name, (prelude, read, write) in CASES.items():
         yield pytest.param(MODULE_LEVEL.format(prelude=prelude, read=read, write=write), id=name)
@@ -170,6 +190,7 @@ def sources():
     yield pytest.param(A_GLOBAL_OF_MAIN, id="declared-global-in-the-loops-function")
     yield pytest.param(THE_EPOCH, id="rebound-by-the-enclosing-loop")
     yield pytest.param(A_DICT_HANDED_TO_THE_MODEL, id="a-dict-the-model-was-given")
+    yield pytest.param(AN_INFERENCE_LOOP, id="an-inference-loop-of-a-model-made-with-eval")
     attribute_list = dict(made="[]", read="(1.0 + len(self.seen) / 100)", write="model.seen.append(i)")
     yield pytest.param(A_CONTAINER_OF_THE_MODEL.format(**attribute_list), id="a-list-attribute-appended")
     attribute_dict = dict(made='{"scale": 1.0}', read='self.seen["scale"]', write="model.seen.update(scale=1.0 + i / 100)")
@@ -186,6 +207,15 @@ def test_state_the_forward_reads_keeps_the_loop_eager(settings, source):
 def test_the_same_loop_is_captured_when_the_forward_reads_nothing_the_loop_changes(settings):
     source = MODULE_LEVEL.format(prelude="A = np.ones(1)", read="2.0", write="A[0] = 1.0 + i / 100")
     assert "CapturedStep(train_step" in rewrite_source(source, "train.py", settings).code
+
+
+def test_a_model_made_through_eval_is_followed(settings):
+    """`Net().to(device).eval()` is a `Net` (nn.Module's to/cuda/eval/half... return the module): its
+    forward is read, and a host read in it found."""
+    source = MODULE_LEVEL.format(prelude="", read="2.0 + x.sum().item()", write="pass").replace(
+        "Net().cuda()", "Net().cuda().eval().train()"
+    )
+    assert "GFY001" in rewrite_source(source, "train.py", settings).outcomes[0].reasons
 
 
 def test_a_local_class_forward_is_read(settings):

@@ -23,6 +23,8 @@ ADAM_FAMILY = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "ASGD", "RMSprop", "
 NEVER_CAPTURABLE = {"LBFGS", "SparseAdam"}
 FUSED_CAPTURABLE = {"Adagrad", "SGD", "Adam", "AdamW"}  # graph-safe with fused=True
 KNOWN_OPTIMIZERS = ADAM_FAMILY | NEVER_CAPTURABLE | {"SGD", "Adagrad", "Adafactor", "Muon"}
+# nn.Module methods that return the module itself: `Net().to(device).eval()` is a `Net`
+MODULE_RETURNS_SELF = {"to", "cuda", "cpu", "train", "eval", "half", "float", "double", "bfloat16", "requires_grad_"}
 
 _MODEL_NAME = re.compile(
     r"^(self\.)?(model|net|network|module|encoder|decoder|generator|discriminator|gen|disc|netG|netD|G|D|"

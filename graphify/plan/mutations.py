@@ -13,6 +13,7 @@ import libcst as cst
 
 from graphify.analysis.names import dotted
 from graphify.analysis.tree import children
+from graphify.analysis.vocabulary import MODULE_RETURNS_SELF
 from graphify.analysis.statements import names_read, names_written, walk
 from graphify.plan.dataflow import attribute_targets, captured_nodes, target_parts
 from graphify.rules.rewrite_safety import MUTATED_STATE
@@ -209,7 +210,7 @@ def _container_attribute(chain: str, loop) -> bool:
     values = loop.func.scope.values.get(root) or loop.module.scope.values.get(root) or []
     classes = set()
     for value in values:
-        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda", "train"):
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in MODULE_RETURNS_SELF:
             value = value.func.value
         if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in loop.module.classes):
             return False
