@@ -7,11 +7,11 @@ from typing import Iterator
 
 import libcst as cst
 
-from graphify.analysis.names import dotted
+from graphify.analysis.names import class_made, dotted
 from graphify.analysis.program import FunctionInfo, ModuleInfo
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
-from graphify.analysis.vocabulary import MODULE_RETURNS_SELF, OPTIMIZER, kind_by_name
+from graphify.analysis.vocabulary import OPTIMIZER, kind_by_name
 from graphify.analysis.calls import (
     _is_step_like,
     _iter_nodes,
@@ -257,10 +257,9 @@ class ModuleAnalysis:
             caller, arg = env.bound[name]
             return self._local_class_of(arg, caller, depth + 1)
         for value in env.values_of(name) if name else [expr]:
-            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in MODULE_RETURNS_SELF:
-                value = value.func.value
-            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in env.module.classes:
-                return env.module.classes[value.func.value]
+            made = class_made(value, env.module.classes)
+            if made is not None:
+                return env.module.classes[made]
         return None
 
     def _callee_block(self, call: cst.Call, caller: Block) -> Block | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from graphify.analysis.vocabulary import MODULE_RETURNS_SELF
+
 
 def dotted(expr: cst.BaseExpression) -> str | None:
     """`a.b.c` for a Name/Attribute chain, else None."""
@@ -14,6 +16,16 @@ def dotted(expr: cst.BaseExpression) -> str | None:
     if type(expr) is cst.Name:
         parts.append(expr.value)
         return ".".join(reversed(parts))
+    return None
+
+
+def class_made(value: cst.BaseExpression, classes) -> str | None:
+    """`Net` for `Net()`, `Net().to(device).eval()` (nn.Module's self-returning methods keep the module),
+    when `Net` is one of `classes`; else None."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in MODULE_RETURNS_SELF:
+        value = value.func.value
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in classes:
+        return value.func.value
     return None
 
 

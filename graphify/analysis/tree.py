@@ -111,3 +111,12 @@ def returns(fn: cst.FunctionDef):
             yield node
         elif not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             stack.extend(children(node))
+
+
+def descendants(node: cst.CSTNode):
+    """Every node under `node` (its own included), into nested functions and classes too (`walk` stops at them)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(children(n))

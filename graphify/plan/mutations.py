@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphify.analysis.names import dotted
-from graphify.analysis.tree import children
-from graphify.analysis.vocabulary import MODULE_RETURNS_SELF
+from graphify.analysis.names import class_made, dotted
+from graphify.analysis.tree import descendants
 from graphify.analysis.statements import names_read, names_written, walk
 from graphify.plan.dataflow import attribute_targets, captured_nodes, target_parts
 from graphify.rules.rewrite_safety import MUTATED_STATE
@@ -30,7 +29,8 @@ def check_loop_mutations(plan, body, refuse) -> None:
     by it (`self.global_step`, `cfg["scale"]`), nor under an object it hands to code graphify does not
     see (`model.drop.p = ...` while the step calls `model(x)`)."""
     region = plan.loop.region
-    _loop_names_read_by_calls(plan, body, refuse)
+    captured = list(captured_nodes(plan, body))
+    _loop_names_read_by_calls(plan, captured, refuse)
     graph_ids = {id(n) for i in plan.graph for n in walk(body[i])}
     kept_out = {id(n) for i, ks in plan.split_ifs.items() for k in ks for n in walk(body[i].body.body[k])}
     rebound = names_written(plan.loop.node)  # its target included
@@ -51,7 +51,7 @@ def check_loop_mutations(plan, body, refuse) -> None:
         return
     followed = {id(b.call) for b in region.blocks if b.call is not None}
     handed, read, names = [], [], set()
-    for node, site in captured_nodes(plan, body):
+    for node, site in captured:
         if isinstance(node, cst.Name):
             names.add(node.value)  # as spelled anywhere the step runs: a global reads the same everywhere
         if isinstance(node, cst.Call) and id(node) not in followed:
@@ -75,7 +75,7 @@ def check_loop_mutations(plan, body, refuse) -> None:
                 refuse(MUTATED_STATE, node, f"`{chain}` is changed {where} and the step hands `{name}` to code that may read it")
 
 
-def _loop_names_read_by_calls(plan, body, refuse) -> None:
+def _loop_names_read_by_calls(plan, captured: list, refuse) -> None:
     """Names the loop, or a loop around it, rebinds (`scale = 1 + i / 100`, `for epoch in ...`) that a
     function the step runs reads without binding them: a method (a forward) of a class at module level,
     or one of the module's functions, reads the module's name when the loops are at module level or the
@@ -91,10 +91,10 @@ def _loop_names_read_by_calls(plan, body, refuse) -> None:
         readers = {key: rebound for key in module_readers}
     else:
         declared = {n.name.value for g in walk(loop.func.node) if isinstance(g, cst.Global) for n in g.names}
-        inside = {id(n) for n in _descendants(loop.func.node)}
+        inside = {id(n) for n in descendants(loop.func.node)}
         local = {id(s) for c in loop.module.classes.values() if id(c) in inside for s in c.body.body if isinstance(s, cst.FunctionDef)}
         readers = {key: rebound & declared for key in module_readers - local} | {key: rebound for key in local}
-    reached = {id(site.block.func.node): site.block.func for _, site in captured_nodes(plan, body) if site.block is not region.body_block}
+    reached = {id(site.block.func.node): site.block.func for _, site in captured if site.block is not region.body_block}
     frozen = {
         name
         for key, func in reached.items()
@@ -108,15 +108,6 @@ def _loop_names_read_by_calls(plan, body, refuse) -> None:
             binder,
             f"`{name}` is rebound by the loop and read by a function the step runs (a forward, a loss); capture would freeze it",
         )
-
-
-def _descendants(node: cst.CSTNode):
-    """Every node under `node`, into nested functions and classes too (`walk` stops at them)."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        stack.extend(children(n))
 
 
 def _containers(node, rebound: set[str]) -> list[str]:
@@ -194,10 +185,14 @@ def _plain_container(name: str, loop) -> bool:
     `update()` (a GradScaler's, a meter's) is their own business, judged by the rules that know them."""
     values = loop.func.scope.values.get(name) or loop.module.scope.values.get(name)
     return bool(values) and all(
-        isinstance(v, (cst.Dict, cst.List, cst.DictComp, cst.ListComp))
-        or (isinstance(v, cst.Call) and (dotted(v.func) or "").rsplit(".", 1)[-1] in _CONTAINER_TYPES)
-        or (isinstance(v, cst.Call) and (dotted(v.func) or "").split(".", 1)[0] in ("np", "numpy"))
-        for v in values
+        _is_container(v) or (isinstance(v, cst.Call) and (dotted(v.func) or "").split(".", 1)[0] in ("np", "numpy")) for v in values
+    )
+
+
+def _is_container(value: cst.BaseExpression) -> bool:
+    """A dict, list or deque: a literal, a comprehension or its constructor."""
+    return isinstance(value, (cst.Dict, cst.List, cst.DictComp, cst.ListComp)) or (
+        isinstance(value, cst.Call) and (dotted(value.func) or "").rsplit(".", 1)[-1] in _CONTAINER_TYPES
     )
 
 
@@ -208,24 +203,16 @@ def _container_attribute(chain: str, loop) -> bool:
     if "." in attr:
         return False
     values = loop.func.scope.values.get(root) or loop.module.scope.values.get(root) or []
-    classes = set()
-    for value in values:
-        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in MODULE_RETURNS_SELF:
-            value = value.func.value
-        if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in loop.module.classes):
-            return False
-        classes.add(value.func.value)
+    classes = {class_made(value, loop.module.classes) for value in values}
+    if not classes or None in classes:
+        return False
     bound = [
         n.value
         for name in classes
-        for n in _descendants(loop.module.classes[name])
+        for n in descendants(loop.module.classes[name])
         if isinstance(n, cst.Assign) and any(isinstance(t.target, cst.Attribute) and dotted(t.target) == f"self.{attr}" for t in n.targets)
     ]
-    return bool(bound) and all(
-        isinstance(v, (cst.Dict, cst.List, cst.DictComp, cst.ListComp))
-        or (isinstance(v, cst.Call) and (dotted(v.func) or "").rsplit(".", 1)[-1] in _CONTAINER_TYPES)
-        for v in bound
-    )
+    return bool(bound) and all(_is_container(v) for v in bound)
 
 
 def _in_loop_scope(chain: str | None, site, region) -> str | None:

@@ -19,6 +19,7 @@ from graphify.analysis.rewritten import runtime_helper_assignments
 from graphify.analysis.program import Program
 from graphify.engine import LoopAnalysis, analyze_module
 from graphify.analysis.statements import names_read, names_written, walk
+from graphify.analysis.tree import descendants
 from graphify.analysis.vocabulary import SCHEDULER
 from graphify.model import Verdict
 from graphify.rewrite import rewrite_source
@@ -121,9 +122,9 @@ def instrument_given(source: str, path: str, rewritten: str, settings=None) -> I
         loop = analysis.loop
         header = _header(loop.node)
         anchor = _EMPTY.code_for_node(_block(owner)[index].with_changes(leading_lines=[])).strip()
-        target = next((n for n in _all_nodes(given) if isinstance(n, (cst.For, cst.While)) and _header(n) == header), None)
+        target = next((n for n in descendants(given) if isinstance(n, (cst.For, cst.While)) and _header(n) == header), None)
         if owner is not loop.node and target is not None:  # the step runs under an `if` of the loop: the same `if` there
-            target_owner = next((n for n in _all_nodes(target) if isinstance(n, cst.If) and _header(n) == _header(owner)), None)
+            target_owner = next((n for n in descendants(target) if isinstance(n, cst.If) and _header(n) == _header(owner)), None)
         else:
             target_owner = target
         if target_owner is None:
@@ -329,7 +330,7 @@ class _Insert(cst.CSTTransformer):
 def probe_follows_call(code: str, step_name: str) -> bool:
     """Whether the probe is a statement of the same block as, and after, a call of the captured step."""
     tree = cst.parse_module(code)
-    blocks = [n for n in _all_nodes(tree) if isinstance(n, cst.IndentedBlock)]
+    blocks = [n for n in descendants(tree) if isinstance(n, cst.IndentedBlock)]
     found = False
     for block in blocks:
         seen_call = False
@@ -354,11 +355,3 @@ def _calls(stmt: cst.CSTNode, name: str) -> bool:
     if not isinstance(stmt, cst.SimpleStatementLine):
         return False
     return any(isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == name for n in walk(stmt))
-
-
-def _all_nodes(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        stack.extend(n.children)
