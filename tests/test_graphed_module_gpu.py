@@ -174,6 +174,106 @@ def test_chained_modules_a_dict_output_and_a_frozen_module(monkeypatch):
         got = _train_chain(graphed=True)
     encoder, head, decoder, task, frozen = got[2]
     assert all(m.state["graphed"] is not None for m in (encoder, head, decoder, task))
-    assert frozen.state["graphed"] is None and frozen.state["disabled"] is None and frozen.state["eager_runs"] == 0
+    assert frozen.state["graphed"] is None and frozen.state["disabled"] is None and not frozen.state["warmup_runs"]
+    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+class _Tied(torch.nn.Module):
+    """Weights tied between two layers and a frozen layer: what capturing on parameter aliases must keep."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(4, 4)
+        self.frozen = torch.nn.Linear(4, 4).requires_grad_(False)
+        self.out = torch.nn.Linear(4, 4)
+        self.out.weight = self.inp.weight
+
+    def forward(self, x):
+        return self.out(torch.relu(self.frozen(self.inp(x))))
+
+
+def _train_acting(graphed: bool, steps=12):
+    """DQN's shape: each step picks an action from the model with grad on, keeps its output (an autograd
+    graph made on the default stream) alive through the update, then trains on a batch."""
+    torch.manual_seed(0)
+    model = _Tied().cuda()
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    call = GraphedModule(model) if graphed else model
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        q_values = model(torch.randn(1, 4, generator=g).cuda())
+        action = int(q_values.argmax().item())
+        x, y = torch.randn(64, 4, generator=g).cuda(), torch.randn(64, 1, generator=g).cuda()
+        loss = torch.nn.functional.mse_loss(call(x)[:, action : action + 1], y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    torch.cuda.synchronize()
+    return losses, [p.detach().clone() for p in model.parameters()], call
+
+
+def test_a_model_graph_kept_alive_by_eager_code_does_not_stop_the_capture(monkeypatch):
+    """The eager action pick keeps the parameters' gradient accumulators alive on the default stream; a
+    backward captured on them would wait on that stream and fail. Captured on aliases of the parameters,
+    the graphs replay, and tied and frozen weights train as eagerly."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    expected = _train_acting(graphed=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphifyFallbackWarning)
+        got = _train_acting(graphed=True)
+    assert got[2].state["graphed"] is not None and got[2].state["disabled"] is None
+    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _train_lengths(lengths, graphed: bool):
+    """A recurrent model fed one batch per length in `lengths` (sequences padded per batch)."""
+    torch.manual_seed(0)
+    model = torch.nn.GRU(4, 8, batch_first=True).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    call = GraphedModule(model) if graphed else model
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for length in lengths:
+            output, _ = call(torch.randn(16, length, 4, generator=g).cuda())
+            loss = output.square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    torch.cuda.synchronize()
+    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+    return losses, [p.detach().clone() for p in model.parameters()], call, messages
+
+
+def test_inputs_padded_per_batch_leave_the_model_eager_without_a_capture(monkeypatch):
+    """Every batch its own length: no shape is warmed up before MAX_SIGNATURES of them, so nothing is
+    captured, one warning says why, and training is plain eager."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    captures = _counting_captures(monkeypatch)
+    lengths = [5, 9, 5, 7, 12, 9, 6, 5, 11, 8, 13, 10, 7]  # length 5 comes 3 times only
+    expected = _train_lengths(lengths, graphed=False)
+    got = _train_lengths(lengths, graphed=True)
+    assert captures == [] and got[2].state["graphed"] is None
+    assert len(got[3]) == 1 and "inputs came in more than 8 shapes" in got[3][0], got[3]
+    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_graph_is_recorded_for_the_shape_that_recurs(monkeypatch):
+    """A short batch first, then full ones with a stray shape between: the full shape is captured (after
+    its own warmup) and replays; the others run eagerly."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    lengths = [3, 6, 6, 4, 6, 6, 6, 6, 4, 6]
+    expected = _train_lengths(lengths, graphed=False)
+    got = _train_lengths(lengths, graphed=True)
+    graphed = got[2].state["graphed"]
+    assert got[3] == [] and graphed is not None
+    assert got[2].state["signature"][0][0][0] == torch.Size([16, 6, 4])
     for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -274,9 +274,11 @@ def test_the_fastest_timed_passes_decide_and_leave_gradients_alone(monkeypatch):
     model[0].weight.grad = torch.ones_like(model[0].weight)
     replays = []
     graphed = GraphedModule(model)
-    timed = graphed._time_passes(lambda x: replays.append(x) or model(x), (torch.randn(5, 3),), {})
+    trained = list(model.parameters())
+    timed = graphed._time_passes(lambda x, *params: replays.append(params) or model(x), (torch.randn(5, 3),), {}, trained)
     assert timed == (2.0, 3.0)  # eager ticks 0 (untimed), 2, 4, 6; replayed ticks 1 (untimed), 3, 5, 7
     assert len(replays) == 1 + graphed_module.TIMED_PASSES
+    assert all(len(params) == len(trained) and all(a is b for a, b in zip(params, trained)) for params in replays)
     assert torch.equal(model[0].weight.grad, torch.ones_like(model[0].weight)) and model[0].bias.grad is None
 
 
@@ -322,3 +324,33 @@ def test_a_model_wrapped_across_processes_is_not_graphed_alone(monkeypatch):
         warnings.simplefilter("always")
         assert not graphed._capture((torch.ones(1, 2),), {})
     assert len(caught) == 1 and "its FullyShardedDataParallel wrapper reduces gradients from hooks" in str(caught[0].message)
+
+
+def test_a_broken_capture_is_reported_by_the_error_that_broke_it():
+    """Ending a broken capture raises a vague error whose context is the precise one; a default-stream
+    gradient accumulator kept alive by the user's code gets a hint the user can act on."""
+    from graphify.runtime.common import capture_failure
+
+    def broken(first: Exception) -> Exception:
+        try:
+            try:
+                raise first
+            except Exception:
+                raise RuntimeError("CUDA error: operation failed due to a previous error during capture\nmore") from None
+        except RuntimeError as exc:
+            exc.__context__ = first
+            return exc
+
+    kept = capture_failure(broken(RuntimeError("CUDA error: operation would make the legacy stream depend on a capturing blocking stream")))
+    assert kept.startswith("capture failed (RuntimeError: CUDA error: operation would make the legacy stream depend")
+    assert "torch.no_grad()" in kept
+    other = capture_failure(broken(ValueError("bad shape")))
+    assert other == "capture failed (ValueError: bad shape)"
+    assert capture_failure(TypeError("plain\nsecond line")) == "capture failed (TypeError: plain)"
+    try:
+        try:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        except RuntimeError as inner:
+            raise LookupError("The function that was compiled for this operation failed to execute.") from inner
+    except LookupError as wrapped:
+        assert capture_failure(wrapped) == "capture failed (RuntimeError: operation not permitted when stream is capturing)"

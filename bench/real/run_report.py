@@ -92,6 +92,10 @@ def _within_spread(whole: dict) -> bool:
 def summary(records: list[dict], static: dict[str, list[dict]]) -> list[str]:
     loops = [lp for found in static.values() for lp in found]
     train = [lp for lp in loops if lp["kind"] == "train"]
+    # a model-only rewrite of a loop labelled not capturable: the models' forwards (in files the suite does
+    # not hold) stop the capture at run time, and the runtime leaves them eager: no gain to count
+    against_label = [lp for lp in train if lp["rewritten"] and lp["label"] == "not-capturable"]
+    rewritten = [lp for lp in train if lp["rewritten"] and lp not in against_label]
     refused = [lp for lp in loops if not lp["rewritten"]]
     truth = [_refusal_truth(lp) for lp in refused]
     verified = [r["verify"] for r in records if r.get("verify") and r.get("cuda_used")]
@@ -110,8 +114,9 @@ def summary(records: list[dict], static: dict[str, list[dict]]) -> list[str]:
     return [
         "| | value |",
         "| --- | --- |",
-        f"| training loops rewritten (of those found) | {sum(lp['rewritten'] for lp in train)}/{len(train)}"
-        f" ({sum(bool(lp['rewritten'] and _partial(lp)) for lp in train)} of them the model only) |",
+        f"| training loops rewritten (of those found) | {len(rewritten)}/{len(train)}"
+        f" ({sum(bool(_partial(lp)) for lp in rewritten)} of them the model only) |",
+        f"| training loops rewritten where the hand label says nothing can be graphed (not counted above) | {len(against_label)} |",
         f"| all loops rewritten | {sum(lp['rewritten'] for lp in loops)}/{len(loops)} |",
         f"| refusals true (hand label: not capturable whole) | {truth.count('true')}/{len(refused)}"
         f" ({truth.count('disputed')} disputed, {truth.count('unlabelled')} unlabelled) |",

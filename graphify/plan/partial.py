@@ -19,8 +19,9 @@ from graphify.rules.rewrite_safety import LOOP_SHAPE
 
 # What the eager code around the graphed models may not do: change attributes or modes the graphed
 # forward may read (items written into an array the loop's function made, and the forward does not
-# read, are the eager code's own: a replay buffer), or pad each batch to its own length. GFY252: the
-# model's inputs change shape every batch, so a graph would rarely replay; GFY402: LBFGS re-evaluates its closure, and a graphed model in
+# read, are the eager code's own: a replay buffer), or load batches padded to their own length. GFY252
+# from the loader: every input changes shape every batch, so a graph would rarely replay (padding in the
+# loop body pads what it is given: the models fed other tensors may pay); GFY402: LBFGS re-evaluates its closure, and a graphed model in
 # it, under host logic of its own. Collectives around the models run eagerly where they stand; whether a
 # model is wrapped in DDP only the run can tell, and GraphedModule leaves such a model eager.
 _NEVER = {"GFY703", "GFY252", "GFY402"}
@@ -76,14 +77,39 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
     # model may be called under a condition, or more than once per step.
     forward = {n for call in model_calls for n in _forward_nodes(loop, call)}
     read_in_forward = {n.value for n, _ in loop.region.nodes if isinstance(n, cst.Name) and id(n) in forward}
+    in_loop = {id(n) for n, _ in loop.region.nodes}
     for rule, node in breakers:
         if rule.code == "GFY703" and _fills_host_buffer(node, scope, read_in_forward):
             continue  # a replay buffer of the eager code around the models: no graph reads it
+        if (
+            rule.code == "GFY252"
+            and node is not None
+            and id(node) in in_loop
+            and id(node) not in forward
+            and not _feeds(node, model_calls, body)
+        ):
+            continue  # padding no model reads (packed targets, outputs): the models' inputs may keep one shape
         if rule.code in _NEVER:
             raise Refusal(rule, f"partial capture cannot leave {rule.code} ({rule.name}) eager", node)
         if node is not None and id(node) in forward:
             raise Refusal(rule, "the model's forward itself would be captured with it", node)
     return PartialPlan(loop, model_calls, list(dict.fromkeys(names)), list(reasons))
+
+
+def _feeds(value: cst.CSTNode, model_calls: list[cst.Call], body: list[cst.BaseStatement]) -> bool:
+    """Whether a model call's arguments hold `value`, directly or through names the loop body binds from it."""
+    derived: set[str] = set()
+
+    def holds(expr: cst.CSTNode) -> bool:
+        return any(n is value or (isinstance(n, cst.Name) and n.value in derived) for n in walk(expr))
+
+    assigns = [n for s in body for n in walk(s) if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and n.value is not None]
+    while True:  # to a fixed point: `padded = pad(...)`, then `padded = padded.to(device)`
+        bound = {name for n in assigns if holds(n.value) for name in names_written(n)} - derived
+        if not bound:
+            break
+        derived |= bound
+    return any(holds(arg.value) for call in model_calls for arg in call.args)
 
 
 _INDEX_OR_HOST = {"argmax", "argmin", "detach", "item", "tolist"}  # what no gradient flows back through

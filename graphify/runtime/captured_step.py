@@ -15,7 +15,7 @@ from graphify.runtime.common import (
     Timing,
     capture_forced,
     copy_outputs,
-    first_line,
+    capture_failure,
     gpu_bound,
     leaves,
     requires_grad,
@@ -235,7 +235,7 @@ class CapturedStep:
             with torch.cuda.graph(graph, pool=state.pool, stream=side_stream(device), capture_error_mode="thread_local"):
                 static_outputs = self.step(*static_inputs)
         except Exception as exc:  # noqa: BLE001 - any failure of capture leaves the run eagerly, never stopped
-            failure = f"capture failed ({type(exc).__name__}: {first_line(exc)})"
+            failure = capture_failure(exc)
         else:
             failure = None
         finally:

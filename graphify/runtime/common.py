@@ -169,6 +169,28 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else "no message"
 
 
+# an error inside a capture breaks it; ending the capture then raises this, with the first error as context
+_BROKEN_CAPTURE = "due to a previous error during capture"
+# the backward waited on the default stream: a gradient accumulator of the model's parameters was made there
+_KEPT_GRAPH = "legacy stream depend on a capturing"
+
+
+def capture_failure(exc: BaseException) -> str:
+    """Why a capture failed, in one line: the error that broke it (under a library's wrapping of it, `raise
+    ... from`), and what to do where the user can."""
+    if _BROKEN_CAPTURE in str(exc) and exc.__context__ is not None:
+        exc = exc.__context__
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    why = f"capture failed ({type(exc).__name__}: {first_line(exc)})"
+    if _KEPT_GRAPH in str(exc):
+        why += (
+            "; an autograd graph of the model made outside the step is still alive (an output computed with grad"
+            " on and kept, such as an action picked from the model): compute it under torch.no_grad(), or delete it before the step"
+        )
+    return why
+
+
 class Fetched:
     """The batches a micro-step loop in the step fetches, one per pass (`next(loader)` in each of `count`
     passes). The source fetches them between passes; a replay needs them all before it starts. So they

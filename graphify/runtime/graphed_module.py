@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import gc
 import math
 import numbers
@@ -16,7 +15,7 @@ from graphify.runtime.common import (
     GraphifyFallbackWarning,
     Timing,
     capture_forced,
-    first_line,
+    capture_failure,
     gpu_bound,
     leaves,
     requires_grad,
@@ -32,16 +31,21 @@ _graphed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> i
 # forward and backward is at least this much faster than an eager one, timed side by side after capture.
 MIN_REPLAY_GAIN = 1.1
 TIMED_PASSES = 3  # of each kind, after an untimed one of each; the fastest counts
+# Warmup is counted per signature, so the graph is recorded for a shape that recurs (not one seen once, such
+# as an epoch's short last batch). Inputs padded to each batch's longest sequence rarely recur: past this
+# many shapes before one has been warmed up, the model stays eager.
+MAX_SIGNATURES = 8
 
 
 class GraphedModule:
     """Runs a module's forward and backward from CUDA graphs (torch.cuda.make_graphed_callables) in a
     training step that cannot be captured whole: the loss, the optimizer and the scheduler stay eager.
 
-    The first `warmup` calls on CUDA run eagerly on a side stream; the next one captures the forward
-    and backward for that call's input shapes and autocast setting, as later calls with the same ones
+    The first `warmup` calls on CUDA with given input shapes and autocast setting run eagerly on a side
+    stream; the next one captures the forward and backward for them, as later calls with the same ones
     replay. Other shapes or autocast settings, eval mode, calls without grad and calls off CUDA run
-    eagerly; a failed capture leaves the module eager for good, with one warning. So does a graph that
+    eagerly; a failed capture leaves the module eager for good, with one warning. So do inputs that
+    come in more than MAX_SIGNATURES shapes before one is warmed up (padded per batch), and a graph that
     would gain nothing (unless GRAPHIFY_CAPTURE=always): a GPU-bound forward pass (the last warmup
     call, timed) is not captured, and graphs whose replays are not clearly faster than eager passes
     (timed side by side) are dropped. The warmup passes make_graphed_callables runs itself and the
@@ -64,7 +68,7 @@ class GraphedModule:
         self.warmup = warmup
         if module not in _graphed:
             _graphed[module] = {
-                "eager_runs": 0,
+                "warmup_runs": {},  # signature -> eager warmup calls with it, before the capture
                 "graphed": None,
                 "signature": None,
                 "disabled": None,
@@ -72,6 +76,7 @@ class GraphedModule:
                 "warmup_awaiting": False,
                 "load": None,  # Timing of the last warmup call's forward
                 "parameters": list(module.parameters()),  # which require grad is part of the graph's key
+                "trained": [],  # those that required grad at capture: the graphed callable's last inputs
             }
         self.state = _graphed[module]
 
@@ -81,10 +86,16 @@ class GraphedModule:
             return self.module(*inputs, **constants)
         signature = self._key(inputs, constants)
         if state["graphed"] is None:
-            # capture updates buffers in place (batch-norm statistics): never while an eager call's
-            # backward, which checks the versions of what it saved, is still to come
-            if state["eager_runs"] < self.warmup or state["warmup_awaiting"]:
-                state["eager_runs"] += 1
+            runs = state["warmup_runs"]
+            if signature not in runs and len(runs) == MAX_SIGNATURES:
+                state["disabled"] = (
+                    f"no gain expected: its inputs came in more than {MAX_SIGNATURES} shapes before one of them"
+                    f" came {self.warmup + 1} times, so a graph would rarely replay"
+                )
+                warnings.warn(f"graphify: the model runs eagerly: {state['disabled']}", GraphifyFallbackWarning, stacklevel=2)
+                return self.module(*inputs, **constants)
+            if runs.get(signature, 0) < self.warmup or state["warmup_awaiting"]:
+                runs[signature] = runs.get(signature, 0) + 1
                 stream = side_stream(inputs[0].device)
                 stream.wait_stream(torch.cuda.current_stream(inputs[0].device))
                 with torch.cuda.stream(stream):
@@ -101,7 +112,7 @@ class GraphedModule:
         if signature != state["signature"] or state["awaiting_backward"]:
             return self.module(*inputs, **constants)
         self._unshare_gradients()
-        outputs = tree_map(torch.Tensor.clone, state["graphed"](*inputs))
+        outputs = tree_map(torch.Tensor.clone, state["graphed"](*inputs, *state["trained"]))
         self._await_backward(outputs, "awaiting_backward")
         return outputs
 
@@ -165,21 +176,30 @@ class GraphedModule:
         # capture that worked, the graphs keep the original object, so only its values are restored
         generator = torch.cuda.default_generators[inputs[0].device.index]
         saved_state = generator.clone_state()
-        # make_graphed_callables swaps the forward of the module it is given: give it a holder
-        holder = torch.nn.Module()
-        holder.module = self.module
-        holder.forward = functools.partial(self.module.__call__, **constants)
-        samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
+        named = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
+        trained = [p for _, p in named]
+        # The graphs are recorded on aliases of the trained parameters (same storage, new leaves) passed as
+        # inputs: eager code may keep alive an autograd graph of the model made on another stream (an action
+        # picked with grad on), whose gradient accumulators would make a captured backward wait on that
+        # stream and fail. A replay is handed the parameters themselves, so their gradients reach `.grad`.
+        aliases = [p.detach().requires_grad_() for p in trained]
+        names = [name for name, _ in named]
+
+        def forward(*args):
+            parameters = dict(zip(names, args[len(inputs) :]))
+            return torch.func.functional_call(self.module, parameters, args[: len(inputs)], constants)
+
+        samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs) + tuple(aliases)
         cache = torch.is_autocast_cache_enabled()
         torch.set_autocast_cache_enabled(False)  # cached casts would outlive the capture; the values are the same
         graphed, why = None, None
         try:
             with torch.cuda.device(inputs[0].device):  # make_graphed_callables works on the current GPU's streams
-                graphed = torch.cuda.make_graphed_callables(holder, samples)
+                graphed = torch.cuda.make_graphed_callables(forward, samples)
                 if not capture_forced():
-                    why = slower_replays(*self._time_passes(graphed, inputs, constants))
+                    why = slower_replays(*self._time_passes(graphed, inputs, constants, trained))
         except Exception as exc:  # noqa: BLE001 - a failed capture leaves the module eager
-            why = f"capture failed ({type(exc).__name__}: {first_line(exc)})"
+            why = capture_failure(exc)
         finally:
             torch.set_autocast_cache_enabled(cache)
         with torch.no_grad():
@@ -190,15 +210,15 @@ class GraphedModule:
         else:
             generator.graphsafe_set_state(saved_state)
         if why is None:
-            self.state["graphed"] = graphed
+            self.state["graphed"], self.state["trained"] = graphed, trained
         else:
             # graphs (or a failed capture's remains) hold static CUDA tensors in reference cycles: collected
             # later, they could be freed in a DataLoader worker forked before, which cannot touch CUDA and aborts
-            del graphed, holder
+            del graphed, forward, aliases
             gc.collect()
         return why
 
-    def _time_passes(self, graphed, inputs, constants) -> tuple[float, float]:
+    def _time_passes(self, graphed, inputs, constants, trained) -> tuple[float, float]:
         """(eager ms, replay ms): the fastest of TIMED_PASSES forward and backward passes of each kind on
         copies of the call's inputs, each started on an idle GPU and measured as the longer of its host
         and GPU times. A replayed pass runs what a replay in __call__ runs, its checks included. The
@@ -211,7 +231,7 @@ class GraphedModule:
             self._graphable(copies, constants) and self._key(copies, constants)  # __call__'s checks
             if grads:
                 torch._foreach_mul(grads, 1.0)  # _unshare_gradients' copy, not assigned
-            outputs = tree_map(torch.Tensor.clone, graphed(*copies))
+            outputs = tree_map(torch.Tensor.clone, graphed(*copies, *trained))
             needing = [t for t in leaves(outputs) if t.requires_grad]
             if needing:
                 torch.autograd.graph.register_multi_grad_hook(needing, lambda _: None, mode="any")
@@ -255,10 +275,10 @@ def slower_replays(eager_ms: float, replay_ms: float) -> str | None:
     )
 
 
-def _signature(inputs, constants) -> list:
+def _signature(inputs, constants) -> tuple:
     """What a graph is valid for: its inputs' shapes, dtypes, devices and grad flags, the autocast
     setting and the keyword values."""
-    return [(t.shape, t.dtype, t.device, t.requires_grad) for t in inputs] + [_autocast_setting(), sorted(constants.items())]
+    return (*[(t.shape, t.dtype, t.device, t.requires_grad) for t in inputs], _autocast_setting(), tuple(sorted(constants.items())))
 
 
 def _autocast_setting():
