@@ -265,3 +265,26 @@ def test_a_param_group_added_between_steps_is_stepped_by_the_next_graph(monkeypa
     # apart; a graph that never steps the new group leaves the first layer about 1e-2 off
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_graph_kept_alive_outside_the_step_fails_the_capture_with_a_hint():
+    """An output of the model computed with grad on the default stream and kept (an action picked before
+    the step) holds the parameters' gradient accumulators there: the captured backward cannot wait on
+    that stream. The step runs eagerly, trains as eager, and the warning says what broke and what to do."""
+
+    def run(make_step):
+        model, opt, batches = _setup()
+        step = make_step(_eager_step(model, opt))
+        for x, y in batches:
+            kept = model(x[:1])  # noqa: F841 - alive through the step, as `q_values` in an agent's loop
+            step(x, y)
+        return _state(model, opt)
+
+    expected = run(lambda step: step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = run(CapturedStep)
+    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+    assert len(messages) == 1 and "legacy stream depend on a capturing" in messages[0] and "torch.no_grad()" in messages[0], messages
+    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
