@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import numbers
 import random
 import warnings
 
@@ -24,6 +25,7 @@ from graphify.runtime.common import (
     tree_map,
 )
 from graphify.runtime.distributed import DDP_WARMUP, all_ranks_agree, ddp_modules, free_before_teardown
+from graphify.runtime.host_values import HostValues, compiled, drift_reason, first_difference, next_check, recording_allowed
 from graphify.runtime.reach import bindings, inner_optimizers, referenced, same, why_not_capturable
 
 MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes every step and the step stays eager
@@ -51,6 +53,9 @@ class _Captures:
         self.load: Timing | None = None  # of the last warmup step
         self.fetch_checks: int | None = None  # eager calls that fetched micro-step batches in order; -1 off CUDA
         self.measured: tuple | None = None  # (GPU ms, host ms) of that step, once the capture decision used it
+        self.recorded = False  # whether warmup calls record the host values the step hands to the GPU
+        self.host_values: dict = {}  # key -> the operators' arguments of its last recorded call
+        self.replays, self.next_check = 0, 0  # replays so far; at which one an eager call is compared
 
 
 _registry: dict = {}  # step code object -> _Captures of its latest bindings, newest last
@@ -110,6 +115,9 @@ class CapturedStep:
                 self._forget_graphs()  # e.g. SGD's float learning rate moved by a per-epoch scheduler
                 return self.__call__(*inputs, key=key[0])
             if self._fits(static_tensors, tensors):
+                state.replays += 1
+                if state.replays == state.next_check:
+                    return self._compared(key, tensors, inputs)
                 for static, new in zip(static_tensors, tensors):
                     static.copy_(new, non_blocking=True)
                 for entry in state.lr_tensors:
@@ -125,10 +133,12 @@ class CapturedStep:
             state.disabled = f"its host inputs or branch keys took more than {MAX_KEYS} values (a Python value that changes every step?)"
             self._warn(state.disabled)
             return self._eager(tensors, inputs)
-        warmup = max(self.warmup, DDP_WARMUP) if state.ddps else self.warmup
+        warmup = max(self.warmup, DDP_WARMUP) if state.ddps else self.warmup + state.recorded
         if runs < warmup:
             state.eager_runs[key] = runs + 1
             timed = runs == warmup - 1 and state.load is None and not state.ddps  # ranks of a DDP step must decide alike
+            if state.recorded and runs in (warmup - 3, warmup - 2):  # the two calls before the timed one
+                return self._compared(key, tensors, inputs, first=runs == warmup - 3)
             return self._eager(tensors, inputs, timed=timed)
         if self._gpu_bound():
             return self._eager(tensors, inputs)
@@ -173,6 +183,8 @@ class CapturedStep:
         state.parameters = [p for m in state.modules for p in m.parameters()]
         state.disabled = state.disabled or why_not_capturable(objects, state.optimizers)
         state.ddps = ddp_modules(state.modules)
+        # DDP ranks must decide alike; a compiled function must not meet the recorder
+        state.recorded = recording_allowed() and not state.ddps and not compiled(objects)
         if state.disabled is not None:
             self._warn(state.disabled)
             return
@@ -208,6 +220,23 @@ class CapturedStep:
         finally:
             torch.set_autocast_cache_enabled(cache)
             torch.cuda.current_stream(device).wait_stream(stream)
+
+    def _compared(self, key, tensors, inputs, first: bool = False):
+        """An eager call that records the host values the step hands to the GPU, and compares them with
+        the last recorded call of this key (a warmup call, or the call before capture): any difference
+        leaves the step eager for good, since a graph would replay the values it was captured with."""
+        state = self.state
+        with HostValues(state.optimizers) as record:
+            result = self._eager(tensors, inputs)
+        calls = [tuple((t.shape, t.dtype) for t in tensors), *record.calls]  # only calls on inputs of one shape compare
+        before = None if first else state.host_values.get(key)
+        difference = first_difference(before, calls) if before is not None and before[0] == calls[0] else None
+        state.host_values[key] = calls
+        state.next_check = next_check(state.replays)
+        if difference is not None:
+            _drop_graphs(state, drift_reason(difference))
+            self._warn(state.disabled)
+        return result
 
     def _gpu_bound(self) -> bool:
         """Whether the last warmup step kept the GPU busy far longer than the host took to launch it (decided
@@ -292,8 +321,9 @@ class CapturedStep:
                     group["lr"] = lr
                 elif not torch.is_tensor(group["lr"]):
                     state.frozen.append((group, "lr", group["lr"]))
-                # schedulers may move these too (OneCycleLR cycles betas and momentum): the graph froze them
-                state.frozen += [(group, k, group[k]) for k in ("betas", "momentum", "weight_decay") if k in group]
+                # schedulers and callbacks may move any of these (OneCycleLR cycles betas and momentum; eps,
+                # weight decay, dampening): the graph froze them
+                state.frozen += [(group, k, v) for k, v in group.items() if k not in ("params", "lr") and _setting(v)]
         return swapped
 
     def _forget_graphs(self) -> None:
@@ -344,6 +374,13 @@ class CapturedStep:
     def _warn(self, why: str) -> None:
         name = getattr(self.step, "__qualname__", "step")
         warnings.warn(f"graphify: `{name}` runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=4)
+
+
+def _setting(value) -> bool:
+    """A number, flag or name (or a tuple of numbers, as betas): what a graph freezes and `==` compares."""
+    if isinstance(value, tuple):
+        return all(isinstance(v, numbers.Number) for v in value)
+    return value is None or isinstance(value, (numbers.Number, str))
 
 
 def _drop_graphs(state: _Captures, why: str) -> None:

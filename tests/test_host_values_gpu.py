@@ -1,0 +1,163 @@
+"""The runtime's host-value check on a GPU: a step or a forward whose Python values change between calls
+through channels the source does not show (a property, an attribute a callback sets, a dict) stays eager
+with one warning, from warmup, or from the next check of a captured graph; steps whose values hold still
+(dropout, a per-step learning-rate schedule) are captured without a word."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from graphify.runtime import CapturedStep, GraphedModule, GraphifyFallbackWarning
+
+pytestmark = pytest.mark.cuda
+
+
+class _Schedule:
+    def __init__(self):
+        self.t = 0
+
+    @property
+    def weight(self):
+        return 1.0 + self.t / 50
+
+
+def _train(wrap, moves_at=None, steps=40):
+    """(parameters, the wrapped step, fallback messages). `moves_at`: the steps at which the schedule moves
+    (every step when None)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Dropout(0.1), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=steps, cycle_momentum=False)
+    schedule = _Schedule()
+
+    def train_step(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y) * schedule.weight
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    step = wrap(train_step)
+    g = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(steps):
+            if moves_at is None or i in moves_at:
+                schedule.t = i
+            step(torch.randn(32, 16, generator=g).cuda(), torch.randn(32, 1, generator=g).cuda())
+            scheduler.step()
+    torch.cuda.synchronize()
+    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+    return [p.detach().clone() for p in model.parameters()], step, messages
+
+
+def _assert_close(got, expected):
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_value_moving_every_step_keeps_the_step_eager_from_warmup(monkeypatch):
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    expected = _train(lambda f: f)[0]
+    got, step, messages = _train(CapturedStep)
+    assert len(messages) == 1 and "a host value the step hands to the GPU changed between steps" in messages[0], messages
+    assert not step.state.graphs and step.state.replays == 0
+    _assert_close(got, expected)
+
+
+def test_a_value_moving_after_capture_is_caught_at_the_next_check(monkeypatch):
+    """Still through warmup and the check at the 8th replay, then moved once: the replays until the check
+    at the 16th (six of them, with the old value) are what a graph does; that check drops the graphs."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    got, step, messages = _train(CapturedStep, moves_at={14})
+    assert len(messages) == 1 and "changed between steps" in messages[0], messages
+    assert not step.state.graphs and step.state.disabled is not None and step.state.replays == 16
+
+
+def test_values_that_hold_still_are_captured_without_a_word(monkeypatch):
+    """Dropout and a per-step OneCycle schedule (a tensor learning rate, the optimizer's step left out):
+    nothing the recorder sees moves, and the checks of the replays (8, 16, 32) find nothing either."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    got, step, messages = _train(CapturedStep, moves_at=set())
+    assert messages == [] and step.state.graphs and step.state.replays > 16
+
+
+_STATE = {"temperature": 1.0}
+
+
+class _Tempered(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 4))
+
+    def forward(self, x):
+        return self.net(x) / _STATE["temperature"]
+
+
+def _train_tempered(graphed: bool, steps=30):
+    torch.manual_seed(0)
+    model = _Tempered().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    call = GraphedModule(model) if graphed else model
+    g = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(steps):
+            _STATE["temperature"] = 1.0 + i / 10
+            loss = call(torch.randn(32, 16, generator=g).cuda()).logsumexp(-1).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    torch.cuda.synchronize()
+    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+    return [p.detach().clone() for p in model.parameters()], call, messages
+
+
+def test_a_forward_reading_a_value_the_loop_moves_stays_eager(monkeypatch):
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    expected = _train_tempered(graphed=False)[0]
+    got, call, messages = _train_tempered(graphed=True)
+    assert len(messages) == 1 and "the forward hands to the GPU changed between steps" in messages[0], messages
+    assert call.state["graphed"] is None
+    _assert_close(got, expected)
+
+
+def test_the_check_can_be_turned_off(monkeypatch):
+    """GRAPHIFY_HOST_CHECK=off: the planted-bug suite's wrong rewrites replay as written, for verify to catch."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    monkeypatch.setenv("GRAPHIFY_HOST_CHECK", "off")
+    got, step, messages = _train(CapturedStep)
+    assert messages == [] and step.state.graphs
+
+
+def _train_eps(wrap, steps=30):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, capturable=True)
+
+    def train_step(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    step = wrap(train_step)
+    g = torch.Generator().manual_seed(1)
+    for i in range(steps):
+        if i in (10, 20):
+            optimizer.param_groups[0].update(eps=1e-2 * i)  # a callback's move: the graph froze eps
+        step(torch.randn(32, 16, generator=g).cuda(), torch.randn(32, 1, generator=g).cuda())
+    torch.cuda.synchronize()
+    return [p.detach().clone() for p in model.parameters()], step
+
+
+def test_any_optimizer_setting_a_graph_froze_is_followed(monkeypatch):
+    """eps moved twice by `group.update`: each move drops the graphs and captures again, as for betas."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    expected = _train_eps(lambda f: f)[0]
+    got, step = _train_eps(CapturedStep)
+    assert step.state.recaptures == 2 and step.state.graphs
+    _assert_close(got, expected)
