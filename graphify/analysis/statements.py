@@ -49,6 +49,10 @@ def names_written(node: cst.CSTNode) -> set[str]:
             targets(n.target)
         elif kind is cst.AsName:
             targets(n.name)
+        elif kind in (cst.MatchAs, cst.MatchStar) and n.name is not None:  # `case {"x": x}` and `case [x, *rest]` bind
+            targets(n.name)
+        elif kind is cst.MatchMapping and n.rest is not None:
+            targets(n.rest)
     return out
 
 

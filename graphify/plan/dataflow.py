@@ -17,9 +17,10 @@ from graphify.analysis.checker import is_logging_call
 from graphify.analysis.region import Site
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import is_host_read_call, names_read, names_written, walk
+from graphify.analysis.tree import children
 from graphify.analysis.vocabulary import DDP, MODEL
 from graphify.rules.distributed import SYNC_FLAG
-from graphify.rules.rewrite_safety import HOST_SIDE_EFFECT, MUTATED_STATE, ORDER
+from graphify.rules.rewrite_safety import HOST_SIDE_EFFECT, LOOP_SHAPE, MUTATED_STATE, ORDER
 
 # Calls whose effect lives on the host: capture runs them once, replays never.
 _IMPURE_PREFIXES = ("random.", "numpy.random.", "time.", "os.", "sys.", "datetime.", "secrets.", "uuid.", "pickle.", "json.", "shutil.")
@@ -123,7 +124,17 @@ def _walk_except(root, skipped: set[int]):
 
 
 def check_captured_code(plan, body, refuse) -> None:
-    """Host side effects and state changes inside the captured step."""
+    """Host side effects and state changes inside the captured step; bindings it cannot follow; parameters
+    frozen where a gradient-accumulation step keeps its gradients zeroed rather than unset."""
+    if plan.zero_grads and _freezes_parameters(plan):
+        refuse(
+            MUTATED_STATE,
+            plan.zero_grads[0],
+            "parameters are frozen or unfrozen (`requires_grad`) where this loop runs; the accumulation step keeps gradients"
+            " zeroed, not unset (set_to_none=False), so the optimizer would keep moving a frozen parameter eager leaves alone",
+        )
+    for node in (n for stmt in body for n in walk(stmt) if isinstance(n, cst.NamedExpr)):
+        refuse(LOOP_SHAPE, node, "an assignment expression (`:=`) binds a name inside an expression of the loop body")
     for node, site in captured_nodes(plan, body):
         env = site.env
         if isinstance(node, cst.Call):
@@ -149,6 +160,17 @@ def check_captured_code(plan, body, refuse) -> None:
                 if t.attr.value == SYNC_FLAG:
                     continue  # DDP's sync switch: GFY612 says whether it is set alike on every step
                 refuse(MUTATED_STATE, node, f"the step assigns `{dotted(t) or 'an attribute'}`, a host state change replays would not make")
+
+
+def _freezes_parameters(plan) -> bool:
+    """`p.requires_grad_(False)` or `p.requires_grad = False` in the loop's function (or module)."""
+    scope = plan.loop.func.node if plan.loop.func.node is not None else plan.loop.module.tree
+    for n in walk(scope):
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "requires_grad_":
+            return True
+        if isinstance(n, (cst.Assign, cst.AugAssign)) and any(t.attr.value == "requires_grad" for t in attribute_targets(n)):
+            return True
+    return False
 
 
 def _is_torch_namespace(func: cst.BaseExpression, env) -> bool:
@@ -189,6 +211,11 @@ def check_moved_statement(plan, body, index: int, refuse) -> None:
     does not read, tensor work on the host's random generator, and analysed functions made of those."""
     if not any(i > index for i in plan.graph):
         return
+    exit_ = exit_of(body[index])
+    if exit_ is not None:
+        return refuse(
+            ORDER, body[index], f"it can `{exit_}` before the captured statements after it run; after the whole step, they would have run"
+        )
     region = plan.loop.region
     later = set().union(*(names_read(body[i]) for i in plan.graph if i > index))
     followed = {id(b.call) for b in region.blocks if b.call is not None}
@@ -204,6 +231,38 @@ def check_moved_statement(plan, body, index: int, refuse) -> None:
         why = _moved_effect(n, site.env, later, followed)
         if why:
             return refuse(ORDER, body[index], f"{why}; it sits between captured statements and cannot run after the whole step")
+
+
+def check_hoisted_exits(plan, body, refuse) -> None:
+    """A statement run before the step that can leave the iteration would skip captured statements
+    that, in the source, ran before it."""
+    for i in plan.before:
+        exit_ = exit_of(body[i])
+        if exit_ and any(g < i for g in plan.graph):
+            refuse(ORDER, body[i], f"it can `{exit_}` after captured statements before it; before the whole step, they would not run")
+
+
+_EXITS = {cst.Break: "break", cst.Continue: "continue", cst.Return: "return", cst.Raise: "raise", cst.Yield: "yield", cst.Await: "await"}
+
+
+def exit_of(node: cst.CSTNode, in_loop: bool = False, in_def: bool = False) -> str | None:
+    """The way a statement can leave the iteration (or the function) early: a break or continue of
+    this loop (not of a loop nested in the statement), a return, yield or await of this function
+    (not of a function defined in it), a raise."""
+    kind = type(node)
+    if (
+        kind in _EXITS
+        and not (kind in (cst.Break, cst.Continue) and in_loop)
+        and not (kind is not cst.Raise and kind not in (cst.Break, cst.Continue) and in_def)
+    ):
+        return _EXITS[kind]
+    nested_loop = in_loop or isinstance(node, (cst.For, cst.While))
+    nested_def = in_def or isinstance(node, (cst.FunctionDef, cst.Lambda))
+    for child in children(node):
+        found = exit_of(child, nested_loop, nested_def)
+        if found:
+            return found
+    return None
 
 
 def _moved_effect(n, env, later: set[str], followed: set[int]) -> str | None:

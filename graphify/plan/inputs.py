@@ -18,11 +18,16 @@ from graphify.plan.base import Plan, is_shape_read, rebound_in_loop
 from graphify.plan.draws import replace_draws
 from graphify.rules.rewrite_safety import (
     HOST_BRANCH_IN_STEP,
+    LOOP_SHAPE,
     PER_STEP_HOST_VALUE,
 )
 
 
 def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enclosing: cst.CSTNode, refuse) -> None:
+    target = plan.loop.node.target if isinstance(plan.loop.node, cst.For) else None
+    if target is not None and any(isinstance(n, (cst.Subscript, cst.Attribute)) for n in _target_slots(target)):
+        # `for cur["x"], cur["y"] in data`: the step would read the batch through the object, a replay its first one
+        refuse(LOOP_SHAPE, target, "the loop binds its items to an item or attribute of an object, not to names the step can take in")
     graph_stmts = [plan.hoisted[i][0] if i in plan.hoisted else replace_draws(plan, body[i]) for i in plan.graph]
     written = set().union(*(names_written(s) for s in graph_stmts))
     for index, host in plan.split_ifs.items():  # host statements of keyed ifs leave the step
@@ -79,17 +84,41 @@ def _refuse_outputs_bound_on_some_steps(plan: Plan, body: list[cst.BaseStatement
             refuse(HOST_BRANCH_IN_STEP, body[binders[0]], why)
 
 
+def _target_slots(target: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The places a loop target binds: `a`, `b` and `c.d` in `for a, (b, c.d) in ...`."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [slot for el in target.elements for slot in _target_slots(el.value)]
+    return _target_slots(target.value) if isinstance(target, cst.StarredElement) else [target]
+
+
 def _read_before_bound(stmt: cst.BaseStatement, bound: set[str]) -> set[str]:
     """Names `stmt` reads before it binds them, given the names `bound` before it. A `for` body is
     followed statement by statement: `for _ in range(k): loss = model(x); loss.backward()` reads no
     earlier `loss`, while a body that reads a name before rebinding it reads the last pass's value."""
-    if not (isinstance(stmt, cst.For) and stmt.orelse is None and isinstance(stmt.body, cst.IndentedBlock)):
+    if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):  # `out = model(x); loss = f(out)`
+        reads, inner = set(), set(bound)
+        for small in stmt.body:
+            reads |= names_read(small) - inner
+            inner |= names_written(small)
+        return reads
+    if isinstance(stmt, cst.With):  # its body, in order, after the items
+        reads = set().union(*(names_read(item.item) for item in stmt.items)) - bound
+        inner = bound | set().union(*(names_written(item.asname.name) for item in stmt.items if item.asname))
+        return reads | _block_reads(stmt.body, inner)
+    if not (isinstance(stmt, cst.For) and stmt.orelse is None):
         return names_read(stmt) - bound
     reads = names_read(stmt.iter) - bound
     inner = bound | names_written(cst.Assign([cst.AssignTarget(stmt.target)], cst.Name("_")))
-    for s in stmt.body.body:
+    return reads | _block_reads(stmt.body, inner)
+
+
+def _block_reads(block: cst.BaseSuite, bound: set[str]) -> set[str]:
+    if isinstance(block, cst.SimpleStatementSuite):
+        return _read_before_bound(block, bound)
+    reads, inner = set(), set(bound)
+    for s in block.body:
         reads |= _read_before_bound(s, inner)
-        inner = inner | names_written(s)
+        inner |= names_written(s)
     return reads
 
 

@@ -1,11 +1,10 @@
 """The whole-step plan: which statements of a loop body become the captured step, what moves around it.
 
-The loop body splits into: statements before the step (kept, eager), the step (from the first
-model call to the last backward/optimizer step), and statements after it (kept, eager). Inside the
-step, host-only statements (logging, `.item()` reads, LR updates) move out, before or after the
-call; `GradScaler.step/update` and what follows stay eager after the call; host conditions such as
-`(i + 1) % accum == 0` become the key that picks one graph per branch outcome. dataflow.py says what
-may enter the step at all.
+The loop body splits into: statements before the step (kept, eager), the step (from the first model call to
+the last backward/optimizer step), and statements after it (kept, eager). Inside the step, host-only statements
+(logging, `.item()` reads, LR updates) move out, before or after the call; `GradScaler.step/update` and what
+follows stay eager after the call; host conditions such as `(i + 1) % accum == 0` become the key that picks one
+graph per branch outcome. dataflow.py says what may enter the step at all.
 """
 
 from __future__ import annotations
@@ -93,8 +92,7 @@ def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refu
         anchors = [i for i, s in enumerate(body) if holds(s, is_step_op, step_calls)]
     else:
         anchors = [i for i, s in enumerate(body) if holds(s, is_model_call, model_calls)]
-    # a periodic branch before the step (evaluation every N steps) runs eagerly between replays
-    starts = [
+    starts = [  # a periodic branch before the step (evaluation every N steps) runs eagerly between replays
         i
         for i, s in enumerate(body)
         if holds(s, is_model_call, model_calls | step_calls)
@@ -128,6 +126,7 @@ def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refu
     check_loop_mutations(plan, body, refuse)
     for i in sorted(plan.after):
         dataflow.check_moved_statement(plan, body, i, refuse)
+    dataflow.check_hoisted_exits(plan, body, refuse)
     return plan
 
 
@@ -172,8 +171,7 @@ def _tensor_op(node: cst.Call, env: Env) -> bool:
 
 
 def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> None:
-    span = list(range(plan.first, plan.last + 1))
-    # GradScaler.step/update (and unscaling, clipping between them) run eagerly after the replay.
+    span = list(range(plan.first, plan.last + 1))  # GradScaler.step/update (unscaling, clipping) run eagerly after
     for i in span:
         if any(is_scaler_call(n, env) for n in walk(body[i])):
             if not any(isinstance(n, cst.Call) and is_backward(n, env) for j in span if j < i for n in walk(body[j])):
@@ -257,11 +255,13 @@ def _pull_in_zero_grad(plan: Plan, body: list[cst.BaseStatement], env: Env) -> N
     """`optimizer.zero_grad()` calls shortly before the step move into the step. Captured, it only hands
     the gradients to the graph's pool, which every replay refills in place; left outside, it would
     cost a Python call per step and leave `.grad` unset after each replay. Statements between it and
-    the step (batch preparation) must not touch gradients."""
+    the step (batch preparation) must not touch gradients, nor leave the iteration (`if done: break`)."""
     if plan.keys:  # gradient accumulation: the keyed branches zero the gradients
         return
     for i in range(plan.first - 1, -1, -1):
         stmt = body[i]
+        if dataflow.exit_of(stmt):
+            return
         calls = [n for n in walk(stmt) if isinstance(n, cst.Call)]
         zero = [c for c in calls if is_zero_grad(c)]
         if (
