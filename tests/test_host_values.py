@@ -1,5 +1,5 @@
 """The runtime's record of the host values a step hands to the GPU work: what it records, what it leaves
-out (device tensors, optimizer steps), how two calls compare, and when a captured graph is checked.
+out (device tensors, optimizer steps), and how two calls compare.
 Meta tensors stand in for device tensors: they reach the operators without values."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from graphify.runtime import host_values
-from graphify.runtime.host_values import HostValues, compiled, drift_reason, first_difference, next_check, recording_allowed
+from graphify.runtime.host_values import HostValues, compiled, drift_reason, first_difference, recording_allowed
 
 
 class _Schedule:
@@ -94,15 +94,6 @@ def test_differences_in_the_operators_themselves_are_named():
     a = [("aten.add.Tensor", (None, 1), ()), ("aten.mul.Tensor", (None, 2), ())]
     assert first_difference(a, a[:1]) == "it ran 2 operators, then 1"
     assert "`aten.mul.Tensor`, then `aten.div.Tensor`" in first_difference(a, [a[0], ("aten.div.Tensor", (None, 2), ())])
-
-
-def test_captured_graphs_are_checked_ever_more_rarely_up_to_a_cap():
-    checks, replays = [], 0
-    for _ in range(12):
-        replays = next_check(replays)
-        checks.append(replays)
-    assert checks[:6] == [8, 16, 32, 64, 128, 256]
-    assert checks[6:8] == [512, 768] and all(b - a == host_values.CHECK_CAP for a, b in zip(checks[7:], checks[8:]))
 
 
 def test_the_check_can_be_turned_off_and_stays_away_from_compiled_code(monkeypatch):

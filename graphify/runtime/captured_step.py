@@ -25,7 +25,7 @@ from graphify.runtime.common import (
     tree_map,
 )
 from graphify.runtime.distributed import DDP_WARMUP, all_ranks_agree, ddp_modules, free_before_teardown
-from graphify.runtime.host_values import HostValues, compiled, drift_reason, first_difference, next_check, recording_allowed
+from graphify.runtime.host_values import HostValues, compiled, drift_reason, first_difference, recording_allowed
 from graphify.runtime.reach import bindings, inner_optimizers, referenced, same, why_not_capturable
 
 MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes every step and the step stays eager
@@ -55,7 +55,6 @@ class _Captures:
         self.measured: tuple | None = None  # (GPU ms, host ms) of that step, once the capture decision used it
         self.recorded = False  # whether warmup calls record the host values the step hands to the GPU
         self.host_values: dict = {}  # key -> the operators' arguments of its last recorded call
-        self.replays, self.next_check = 0, 0  # replays so far; at which one an eager call is compared
 
 
 _registry: dict = {}  # step code object -> _Captures of its latest bindings, newest last
@@ -115,9 +114,6 @@ class CapturedStep:
                 self._forget_graphs()  # e.g. SGD's float learning rate moved by a per-epoch scheduler
                 return self.__call__(*inputs, key=key[0])
             if self._fits(static_tensors, tensors):
-                state.replays += 1
-                if state.replays == state.next_check:
-                    return self._compared(key, tensors, inputs)
                 for static, new in zip(static_tensors, tensors):
                     static.copy_(new, non_blocking=True)
                 for entry in state.lr_tensors:
@@ -221,10 +217,12 @@ class CapturedStep:
             torch.set_autocast_cache_enabled(cache)
             torch.cuda.current_stream(device).wait_stream(stream)
 
-    def _compared(self, key, tensors, inputs, first: bool = False):
-        """An eager call that records the host values the step hands to the GPU, and compares them with
-        the last recorded call of this key (a warmup call, or the call before capture): any difference
-        leaves the step eager for good, since a graph would replay the values it was captured with."""
+    def _compared(self, key, tensors, inputs, first: bool):
+        """A warmup call that records the host values the step hands to the GPU, and compares them with
+        the last recorded call of this key: any difference leaves the step eager for good, since a graph
+        would replay the values it was captured with. (Only warmup calls: an eager call between replays
+        would leave `.grad` pointing away from the graph's gradient buffers, which eager code after a
+        replay, a GradScaler's step, reads.)"""
         state = self.state
         with HostValues(state.optimizers) as record:
             result = self._eager(tensors, inputs)
@@ -232,7 +230,6 @@ class CapturedStep:
         before = None if first else state.host_values.get(key)
         difference = first_difference(before, calls) if before is not None and before[0] == calls[0] else None
         state.host_values[key] = calls
-        state.next_check = next_check(state.replays)
         if difference is not None:
             _drop_graphs(state, drift_reason(difference))
             self._warn(state.disabled)

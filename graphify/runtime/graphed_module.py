@@ -22,7 +22,7 @@ from graphify.runtime.common import (
     side_stream,
     tree_map,
 )
-from graphify.runtime.host_values import HostValues, compiled, drift_reason, first_difference, next_check, recording_allowed
+from graphify.runtime.host_values import HostValues, compiled, drift_reason, first_difference, recording_allowed
 from graphify.runtime.reach import why_not_capturable
 
 _graphed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its graphed callable state
@@ -80,8 +80,6 @@ class GraphedModule:
                 "trained": [],  # those that required grad at capture: the graphed callable's last inputs
                 "recorded": None,  # whether warmup calls record the host values the forward hands to the GPU
                 "host_values": {},  # signature -> the operators' arguments of its last recorded call
-                "replays": 0,
-                "next_check": 0,  # the replay replaced by a recorded eager call, compared with the last one
             }
         self.state = _graphed[module]
 
@@ -122,20 +120,13 @@ class GraphedModule:
             state["signature"] = signature
         if signature != state["signature"] or state["awaiting_backward"]:
             return self.module(*inputs, **constants)
-        state["replays"] += 1
-        if state["replays"] == state["next_check"]:
-            outputs = self._compared(signature, inputs, constants)
-            if state["disabled"] is not None:
-                state["graphed"] = None
-                gc.collect()  # the graphs' static tensors sit in reference cycles: free them here, not in a forked worker
-            return outputs
         self._unshare_gradients()
         outputs = tree_map(torch.Tensor.clone, state["graphed"](*inputs, *state["trained"]))
         self._await_backward(outputs, "awaiting_backward")
         return outputs
 
-    def _compared(self, signature, inputs, constants, first: bool = False):
-        """An eager forward that records the host values it hands to the GPU and compares them with the
+    def _compared(self, signature, inputs, constants, first: bool):
+        """A warmup forward that records the host values it hands to the GPU and compares them with the
         last recorded call of this signature: a difference leaves the module eager for good."""
         state = self.state
         with HostValues() as record:
@@ -143,7 +134,6 @@ class GraphedModule:
         before = None if first else state["host_values"].get(signature)
         difference = first_difference(before, record.calls) if before is not None else None
         state["host_values"][signature] = record.calls
-        state["next_check"] = next_check(state["replays"])
         if difference is not None:
             state["disabled"] = drift_reason(difference).replace("the step hands", "the forward hands")
             warnings.warn(f"graphify: the model runs eagerly: {state['disabled']}", GraphifyFallbackWarning, stacklevel=3)

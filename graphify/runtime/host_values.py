@@ -17,8 +17,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 SMALL_HOST_TENSOR = 16  # elements: a host tensor this small handed to an operator is a value, recorded
-# checks of a captured graph against an eager call: after this many replays, the gap doubling up to the cap
-FIRST_CHECK, CHECK_CAP = 8, 256
 
 
 def recording_allowed() -> bool:
@@ -119,8 +117,3 @@ def drift_reason(difference: str) -> str:
         f"a host value the step hands to the GPU changed between steps ({difference}); a graph would keep the "
         "value it was captured with (pass it in as an argument, or keep it on the device)"
     )
-
-
-def next_check(replays: int) -> int:
-    """The replay count of the next comparison with an eager call."""
-    return min(max(FIRST_CHECK, 2 * replays), replays + CHECK_CAP)
