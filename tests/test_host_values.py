@@ -115,3 +115,12 @@ def test_operators_on_tensors_alone_are_left_out_and_keywords_kept():
         torch.add(x, x)
         torch.add(x, x, alpha=2.0)
     assert record.calls == [("aten.add.Tensor", (None, None), (("alpha", (2.0).hex()),))]
+
+
+def test_arguments_the_recorder_cannot_read_never_stop_the_step():
+    """Sparse and quantized host tensors have no values to list: they are recorded by kind, and the
+    operator runs as it would."""
+    sparse = torch.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (3,))
+    with HostValues() as record:
+        doubled = sparse * 2
+    assert torch.equal(doubled.to_dense(), torch.tensor([2.0, 4.0, 0.0])) and record.calls

@@ -33,7 +33,7 @@ def compiled(objects) -> bool:
 
 def _value(arg):
     if isinstance(arg, torch.Tensor):
-        if arg.device.type == "cpu" and arg.numel() <= SMALL_HOST_TENSOR:
+        if arg.device.type == "cpu" and arg.layout == torch.strided and not arg.is_quantized and arg.numel() <= SMALL_HOST_TENSOR:
             return ("host tensor", tuple(_value(x) for x in arg.detach().flatten().tolist()))
         return None  # a device tensor's contents belong to the graph (or to a static input buffer)
     if isinstance(arg, float):
@@ -54,7 +54,10 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not self.paused:
-            arguments, keywords = _value(args), _value(tuple(sorted(kwargs.items())))
+            try:
+                arguments, keywords = _value(args), _value(tuple(sorted(kwargs.items())))
+            except Exception:  # noqa: BLE001 - an argument the recorder cannot read never stops the step
+                arguments, keywords = ("unreadable",), ()
             # operators on tensors alone are left out: they carry no host value, and autograd's gradient
             # accumulation takes a tensor as it is on the first pass (`detach`) and adds to it later (`add_`)
             if _holds_value(arguments) or keywords:
@@ -79,8 +82,9 @@ class HostValues:
 
     def __enter__(self):
         for optimizer in self.optimizers:
-            self.handles.append(optimizer.register_step_pre_hook(lambda *_: self._pause(1)))
-            self.handles.append(optimizer.register_step_post_hook(lambda *_: self._pause(-1)))
+            if isinstance(optimizer, torch.optim.Optimizer):
+                self.handles.append(optimizer.register_step_pre_hook(lambda *_: self._pause(1)))
+                self.handles.append(optimizer.register_step_post_hook(lambda *_: self._pause(-1)))
         self.recorder.__enter__()
         return self
 
