@@ -288,3 +288,34 @@ def test_a_graph_kept_alive_outside_the_step_fails_the_capture_with_a_hint():
     assert len(messages) == 1 and "legacy stream depend on a capturing" in messages[0] and "torch.no_grad()" in messages[0], messages
     for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_eager_code_after_the_replay_reads_the_graphs_gradients():
+    """The optimizer steps after the replay, and `zero_grad()` unsets the gradients at the end of each
+    iteration (the usual AMP order: `scaler.step`, `update`, `zero_grad`); a short batch runs eagerly in
+    between. Each replay points `.grad` back at the buffers the graph writes, so the eager step trains
+    on this batch's gradients, as eager does."""
+
+    def run(wrap):
+        model, opt, batches = _setup()
+        batches = batches[:5] + [(batches[5][0][:7], batches[5][1][:7])] + batches[6:]  # a short batch: eager
+
+        def train_step(x, y):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+
+        step = wrap(train_step)
+        for x, y in batches:
+            step(x, y)
+            opt.step()
+            opt.zero_grad()
+        return _state(model, opt), step
+
+    expected = run(lambda f: f)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphifyFallbackWarning)
+        got, step = run(CapturedStep)
+    assert step.state.graphs
+    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

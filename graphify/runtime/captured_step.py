@@ -43,7 +43,8 @@ class _Captures:
         self.modules: list = []  # top-level modules: their train/eval modes are part of each graph's key
         self.parameters: list = []  # theirs: which require grad is part of each key (freezing, unfreezing)
         self.ddps: list = []  # DistributedDataParallel models the step runs: longer warmup, ranks agree on captures
-        self.graphs: dict = {}  # key -> (graph, static input tensors, static outputs)
+        self.graphs: dict = {}  # key -> (graph, static input tensors, static outputs, gradients it writes)
+        self.grads_of = None  # the graph whose gradient buffers the parameters' `.grad` now are
         self.eager_runs: dict = {}
         self.pool = None
         self.lr_tensors: list = []  # [param group, device tensor, float it holds]
@@ -109,7 +110,7 @@ class CapturedStep:
         key = (key, host, torch.is_grad_enabled(), modes)
         captured = state.graphs.get(key)
         if captured is not None:
-            graph, static_tensors, static_outputs = captured
+            graph, static_tensors, static_outputs, grads = captured
             if not self._settings_unchanged():
                 self._forget_graphs()  # e.g. SGD's float learning rate moved by a per-epoch scheduler
                 return self.__call__(*inputs, key=key[0])
@@ -121,6 +122,13 @@ class CapturedStep:
                     if group["lr"] != value:  # the scheduler moved it: one small fill, outside the graph
                         lr.fill_(group["lr"])
                         entry[2] = group["lr"]
+                # the replay writes this graph's gradient buffers, and eager code after it (a GradScaler's step)
+                # reads `.grad`: point it there again after an eager call, another key's capture, or a
+                # `zero_grad()` outside the step (which unsets every gradient: the first one tells)
+                if grads and (state.grads_of is not graph or grads[0][0].grad is not grads[0][1]):
+                    for p, grad in grads:
+                        p.grad = grad
+                    state.grads_of = graph
                 graph.replay()
                 return static_outputs
             return self._eager(tensors, inputs)
@@ -201,6 +209,7 @@ class CapturedStep:
         `timed`: its host and GPU time are kept, to tell a GPU-bound step before capturing it."""
         device = tensors[0].device if tensors else self._param_device()
         self.state.side_stream_used = True
+        self.state.grads_of = None  # its backward may give the parameters `.grad` tensors of its own
         stream = side_stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))  # the inputs' GPU: not the current one without set_device
         cache = torch.is_autocast_cache_enabled()
@@ -253,6 +262,8 @@ class CapturedStep:
         device = tensors[0].device if tensors else self._param_device()
         static_inputs = tree_map(torch.Tensor.clone, inputs)
         saved = self._save_host_state(device)
+        trained = dict.fromkeys([*state.parameters, *(p for o in state.optimizers for g in o.param_groups for p in g["params"])])
+        grads_before = {p: p.grad for p in trained}
         swapped = self._use_tensor_lrs()
         graph = torch.cuda.CUDAGraph()
         cache = torch.is_autocast_cache_enabled()
@@ -280,7 +291,9 @@ class CapturedStep:
             self._warn(failure)
             return self._eager(tensors, inputs)
         state.pool = graph.pool()
-        state.graphs[key] = (graph, leaves(static_inputs), static_outputs)
+        # the gradients the graph's backward made (the buffers it writes), not ones it accumulates into or leaves
+        grads = [(p, p.grad) for p in trained if p.grad is not None and p.grad is not grads_before[p]]
+        state.graphs[key], state.grads_of = (graph, leaves(static_inputs), static_outputs, grads), graph
         if state.ddps and len(state.graphs) == 1:
             free_before_teardown(functools.partial(_drop_graphs, state, "its process group was destroyed"))
         graph.replay()  # capture records the step without running it: this replay trains on the batch
