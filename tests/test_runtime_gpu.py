@@ -319,3 +319,69 @@ def test_eager_code_after_the_replay_reads_the_graphs_gradients():
     assert step.state.graphs
     for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_a_submodule_switched_to_eval_gets_a_graph_of_its_own():
+    """`model[1].eval()` (frozen batch norm) between steps: the modes of every submodule are in the key."""
+
+    def run(wrap):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+        def train_step(x, y):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+
+        step = wrap(train_step)
+        g = torch.Generator().manual_seed(1)
+        for i in range(16):
+            if i == 8:
+                model[1].eval()
+            step(torch.randn(16, 8, generator=g).cuda(), torch.randn(16, 1, generator=g).cuda())
+        torch.cuda.synchronize()
+        return [t.detach().clone() for t in [*model.parameters(), *model.buffers()]], step
+
+    expected = run(lambda f: f)[0]
+    got, step = run(CapturedStep)
+    assert len(step.state.graphs) == 2
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_an_optimizer_handed_in_as_an_argument_is_followed_and_a_new_one_is_not_trusted():
+    """`train_step(model, opt, x, y)` per fold: the first fold's optimizer is found among the arguments
+    (its scheduled learning rate is followed); a later fold's new optimizer leaves the step eager."""
+
+    def train_step(model, opt, x, y):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+
+    def run(step):
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1)
+        states = []
+        for _ in range(2):
+            model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).cuda()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
+            for _ in range(12):
+                step(model, opt, torch.randn(16, 8, generator=g).cuda(), torch.randn(16, 1, generator=g).cuda())
+                scheduler.step()
+            states += [p.detach().clone() for p in model.parameters()]
+        torch.cuda.synchronize()
+        return states
+
+    expected = run(train_step)
+    captured = CapturedStep(train_step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = run(captured)
+    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+    assert len(messages) == 1 and "handed a model or optimizer other than" in messages[0], messages
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

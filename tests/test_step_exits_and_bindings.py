@@ -189,3 +189,69 @@ def test_gradient_accumulation_beside_freezing_is_refused(tmp_path):
         tmp_path,
     )
     assert "CapturedStep(" not in result.code and "GFY703" in result.outcomes[0].reasons
+
+
+def test_predictions_collected_inside_the_step_are_refused(tmp_path):
+    """`preds.append(model(x))` captured: capture would append once, and replays nothing."""
+    result = _rewritten(
+        """
+        preds = []
+        with torch.no_grad():
+            for x, _ in data:
+                preds.append(model(x))
+        print(torch.cat(preds).sum().item())
+        """,
+        tmp_path,
+    )
+    assert "CapturedStep(" not in result.code and "GFY703" in result.outcomes[0].reasons
+
+
+def test_a_yield_in_an_inference_loop_is_refused(tmp_path):
+    result = _rewritten(
+        """
+        def predictions():
+            with torch.no_grad():
+                for x, _ in data:
+                    yield model(x).softmax(-1)
+
+        print(sum(p.sum().item() for p in predictions()))
+        """,
+        tmp_path,
+    )
+    assert "CapturedStep(" not in result.code and "GFY704" in result.outcomes[0].reasons
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        """
+        cell = nn.GRUCell(4, 2)
+        opt = torch.optim.SGD(cell.parameters(), lr=0.05)
+        h = torch.zeros(3, 2)
+        for x, y in data:
+            h = cell(x, h.detach())
+            loss = nn.functional.cross_entropy(h, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        """,
+        """
+        def next_batch():
+            return data[torch.randint(len(data), ()).item()]
+
+        x, y = next_batch()
+        for it in range(8):
+            for micro in range(2):
+                loss = nn.functional.cross_entropy(model(x), y) / 2
+                x, y = next_batch()  # the next batch, fetched while this one's backward is pending
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+        """,
+    ],
+    ids=["hidden-state", "next-batch-in-micro-steps"],
+)
+def test_a_value_the_step_binds_for_the_next_step_is_returned(body, tmp_path):
+    """Read only by the next step's call: it was neither returned nor rebound outside, so every step
+    trained on the first value (the CPU run showed it)."""
+    _rewritten(body, tmp_path)

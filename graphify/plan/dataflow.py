@@ -135,6 +135,11 @@ def check_captured_code(plan, body, refuse) -> None:
         )
     for node in (n for stmt in body for n in walk(stmt) if isinstance(n, cst.NamedExpr)):
         refuse(LOOP_SHAPE, node, "an assignment expression (`:=`) binds a name inside an expression of the loop body")
+    for i in plan.graph:  # `return model(x)` / `yield ...` in an inference loop: the step would leave itself
+        exit_ = exit_of(body[i])
+        if exit_:
+            refuse(ORDER, body[i], f"a captured statement can `{exit_}`: the step function would do it, not the loop's")
+    made_in_step = set().union(*(names_written(body[i]) for i in plan.graph))
     for node, site in captured_nodes(plan, body):
         env = site.env
         if isinstance(node, cst.Call):
@@ -147,6 +152,14 @@ def check_captured_code(plan, body, refuse) -> None:
             on_tensor = receiver is not None and env.kind_of(receiver) not in (MODEL, DDP) and env.is_tensor(receiver)
             if method in _MODE_METHODS and not _is_torch_namespace(node.func, env) and not on_tensor:
                 refuse(MUTATED_STATE, node, f"the step calls `.{method}()`, which changes module state that replays would not")
+            if (
+                method in _COLLECTING | _REMOVING
+                and site.block is plan.loop.region.body_block
+                and _outer_container(node.func.value, env, made_in_step)
+            ):
+                refuse(
+                    MUTATED_STATE, node, f"the step adds to `{dotted(node.func.value)}` (`.{method}()`) at capture only: replays would not"
+                )
             if method in _COLLECTING | _REMOVING and site.block.call is not None and _outer_receiver(node.func.value, site):
                 refuse(
                     MUTATED_STATE,
@@ -193,6 +206,23 @@ def attribute_targets(node):
 
 
 _REMOVING = {"pop", "remove", "clear", "insert", "popleft", "appendleft"}
+
+
+_CONTAINER_MAKERS = {"list", "dict", "set", "deque", "defaultdict", "OrderedDict", "Counter"}
+
+
+def _outer_container(receiver: cst.BaseExpression, env, made_in_step: set[str]) -> bool:
+    """A list, dict, set or deque the loop body's captured statements fill (`preds.append(model(x))`) but
+    did not make: capture runs the call once, and replays add nothing."""
+    name = receiver.value if isinstance(receiver, cst.Name) else None
+    if name is None or name in made_in_step:
+        return False
+    for value in env.values_of(name):
+        if isinstance(value, (cst.List, cst.Dict, cst.Set, cst.ListComp, cst.DictComp, cst.SetComp)):
+            return True
+        if isinstance(value, cst.Call) and (dotted(value.func) or "").rsplit(".", 1)[-1] in _CONTAINER_MAKERS:
+            return True
+    return False
 
 
 def _outer_receiver(receiver: cst.BaseExpression, site: Site) -> bool:

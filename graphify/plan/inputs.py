@@ -67,7 +67,8 @@ def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enc
                 continue
             inputs.append(name)
     plan.inputs = _in_source_order(inputs + [name for name, _ in plan.draws.values()], graph_stmts)
-    plan.outputs = _in_source_order([n for n in written if n in outside], graph_stmts)
+    # an input the step binds again (`X, Y = get_batch()` after the forward) is read by the next step's call
+    plan.outputs = _in_source_order([n for n in written if n in outside or n in inputs], graph_stmts)
     _refuse_outputs_bound_on_some_steps(plan, body, refuse)
     after_loop = _names_read_outside(enclosing, {id(plan.loop.node)})
     plan.clones = [n for n in plan.outputs if n in after_loop or _kept_in_loop(n, body, plan)]

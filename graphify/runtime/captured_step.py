@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import numbers
-import random
 import warnings
 
 import torch
@@ -13,6 +12,7 @@ from graphify.runtime.common import (
     WARMUP,
     Fetched,
     GraphifyFallbackWarning,
+    Identity,
     Timing,
     capture_forced,
     copy_outputs,
@@ -20,6 +20,8 @@ from graphify.runtime.common import (
     gpu_bound,
     leaves,
     requires_grad,
+    restore_host_state,
+    save_host_state,
     side_stream,
     split,
     tree_map,
@@ -40,7 +42,9 @@ class _Captures:
         self.disabled: str | None = None  # why the step runs eagerly for good
         self.side_stream_used = False
         self.optimizers: list = []
-        self.modules: list = []  # top-level modules: their train/eval modes are part of each graph's key
+        self.modules: list = []  # top-level modules the step reaches
+        self.submodules: list = []  # theirs and every submodule: train/eval modes are part of each graph's key
+        self.handed: list = []  # models and optimizers handed to the first call as arguments
         self.parameters: list = []  # theirs: which require grad is part of each key (freezing, unfreezing)
         self.ddps: list = []  # DistributedDataParallel models the step runs: longer warmup, ranks agree on captures
         self.graphs: dict = {}  # key -> (graph, static input tensors, static outputs, gradients it writes)
@@ -102,11 +106,15 @@ class CapturedStep:
         tensors, host = split(inputs)
         if not self._on_cuda(tensors):
             return self.step(*inputs)
+        handed = [h.obj for h in host if isinstance(h, Identity) and isinstance(h.obj, (torch.nn.Module, torch.optim.Optimizer))]
         if not state.inspected:
-            self._inspect()
+            self._inspect(handed)
+        elif handed and state.disabled is None and any(all(o is not known for known in state.handed) for o in handed):
+            state.disabled = "it is handed a model or optimizer other than those of its first call (a new one per fold?), whose settings it would not follow"
+            self._warn(state.disabled)
         if state.disabled is not None:
             return self._eager(tensors, inputs) if state.side_stream_used else self.step(*inputs)
-        modes = tuple(m.training for m in state.modules), bytes(map(requires_grad, state.parameters))
+        modes = bytes(m.training for m in state.submodules), bytes(map(requires_grad, state.parameters))
         key = (key, host, torch.is_grad_enabled(), modes)
         captured = state.graphs.get(key)
         if captured is not None:
@@ -178,12 +186,14 @@ class CapturedStep:
 
     # ---- first calls ----------------------------------------------------------------------------
 
-    def _inspect(self) -> None:
+    def _inspect(self, handed=()) -> None:
+        """What the step uses: found from its closure and globals, and among its arguments (`handed`)."""
         state = self.state
-        state.inspected = True
-        objects = referenced(self.step)
+        state.inspected, state.handed = True, list(handed)
+        objects = referenced(self.step) + [o for obj in handed for o in referenced(obj)]
         state.optimizers, state.disabled = inner_optimizers([o for o in objects if isinstance(o, torch.optim.Optimizer)])
         state.modules = [o for o in objects if isinstance(o, torch.nn.Module)]
+        state.submodules = list(dict.fromkeys(m for top in state.modules for m in top.modules()))  # `model.bn.eval()` too
         state.parameters = [p for m in state.modules for p in m.parameters()]
         state.disabled = state.disabled or why_not_capturable(objects, state.optimizers)
         state.ddps = ddp_modules(state.modules)
@@ -261,9 +271,9 @@ class CapturedStep:
         state = self.state
         device = tensors[0].device if tensors else self._param_device()
         static_inputs = tree_map(torch.Tensor.clone, inputs)
-        saved = self._save_host_state(device)
         trained = dict.fromkeys([*state.parameters, *(p for o in state.optimizers for g in o.param_groups for p in g["params"])])
-        grads_before = {p: p.grad for p in trained}
+        saved = save_host_state(trained, device)
+        grads_before = dict(saved[-1])
         swapped = self._use_tensor_lrs()
         graph = torch.cuda.CUDAGraph()
         cache = torch.is_autocast_cache_enabled()
@@ -286,7 +296,7 @@ class CapturedStep:
         if failure is not None:
             state.lr_tensors.clear()
             state.frozen.clear()
-            self._restore_host_state(saved)
+            restore_host_state(saved)
             state.disabled = failure
             self._warn(failure)
             return self._eager(tensors, inputs)
@@ -298,23 +308,6 @@ class CapturedStep:
             free_before_teardown(functools.partial(_drop_graphs, state, "its process group was destroyed"))
         graph.replay()  # capture records the step without running it: this replay trains on the batch
         return static_outputs
-
-    def _save_host_state(self, device):
-        """What a failed capture may have touched on the host: RNG states and gradient references.
-        The CUDA generator's state is kept as a copy of the state object: a capture that fails leaves
-        the generator's own state marked as capturing, which only putting the copy back undoes."""
-        grads = [(p, p.grad) for o in self.state.optimizers for g in o.param_groups for p in g["params"]]
-        generator = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
-        return torch.get_rng_state(), (generator, generator.clone_state()), random.getstate(), grads
-
-    @staticmethod
-    def _restore_host_state(saved) -> None:
-        cpu, (generator, cuda_state), py, grads = saved
-        torch.set_rng_state(cpu)
-        generator.graphsafe_set_state(cuda_state)
-        random.setstate(py)
-        for p, grad in grads:
-            p.grad = grad
 
     def _use_tensor_lrs(self):
         """During capture, optimizers that can read the learning rate from a device tensor do; each

@@ -7,6 +7,7 @@ import dataclasses
 import numbers
 import operator
 import os
+import random
 import time
 
 import torch
@@ -76,6 +77,26 @@ def gpu_bound(gpu_ms: float, host_ms: float, what: str) -> str | None:
         f"no gain expected: GPU-bound ({what} keeps the GPU busy {gpu_ms:.1f} ms for {host_ms:.1f} ms of host time; "
         "GRAPHIFY_CAPTURE=always captures it anyway)"
     )
+
+
+# ---- what a failed capture may have touched -----------------------------------------------------
+
+
+def save_host_state(parameters, device):
+    """RNG states and the parameters' gradient references. The CUDA generator's state is kept as a copy
+    of the state object: a capture that fails leaves the generator's own state marked as capturing, which
+    only putting the copy back undoes."""
+    generator = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return torch.get_rng_state(), (generator, generator.clone_state()), random.getstate(), [(p, p.grad) for p in parameters]
+
+
+def restore_host_state(saved) -> None:
+    cpu, (generator, cuda_state), py, grads = saved
+    torch.set_rng_state(cpu)
+    generator.graphsafe_set_state(cuda_state)
+    random.setstate(py)
+    for p, grad in grads:
+        p.grad = grad
 
 
 # ---- nested inputs and outputs -------------------------------------------------------------------
