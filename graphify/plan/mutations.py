@@ -13,6 +13,7 @@ import libcst as cst
 
 from graphify.analysis.names import class_made, dotted
 from graphify.analysis.tree import descendants
+from graphify.analysis.vocabulary import OPTIMIZER, SCHEDULER
 from graphify.analysis.statements import names_read, names_written, walk
 from graphify.plan.dataflow import attribute_targets, captured_nodes, target_parts
 from graphify.rules.rewrite_safety import MUTATED_STATE
@@ -133,13 +134,74 @@ def _changed_between_runs(loop, rebound: set[str]) -> tuple[list, list]:
     declared = _rebound_by_functions(loop)
     inner = {id(n) for n in walk(loop.node)}
     chains, names = [], []
+    # `for m in model.modules(): m.p = p`: what the loop variable reaches is under `model`
+    under = {
+        name: f"{root}.*"
+        for n in walk(outer[0].body)
+        if isinstance(n, cst.For) and id(n) not in inner
+        for root in [dotted(n.iter.func.value if isinstance(n.iter, cst.Call) and isinstance(n.iter.func, cst.Attribute) else n.iter)]
+        if root is not None
+        for name in names_written(cst.Assign([cst.AssignTarget(n.target)], cst.Name("_")))
+    }
     for node in walk(outer[0].body):  # the outermost loop holds the others
         if id(node) in inner:
             continue
-        chains += [(chain, node) for chain in _changed_chains(node, rebound, loop)]
+        chains += [(under.get((chain or "").split(".")[0], chain), node) for chain in _changed_chains(node, rebound, loop)]
+        if isinstance(node, cst.Call):
+            chains += [(chain, node) for chain in _changed_by_call(node, loop)]
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
             names += [(name, node) for name in declared.get(node.func.value, ())]
     return chains, names
+
+
+def _changed_by_call(call: cst.Call, loop) -> list[str]:
+    """What a function or method of this file, called between runs, changes in place, spelled with the
+    caller's names: `self`'s attributes as the receiver's (`temperature.step()` sets `temperature.T`),
+    a parameter's as its argument's (`update_cfg(cfg, e)`: `cfg.aux_weight`), and anything else it
+    changes (`for m in model.modules(): m.p = p`) as under every object handed to it."""
+    callee, receiver = _callee(call, loop)
+    if callee is None:
+        return []
+    # containers it makes itself (`images = []`) are its own; the optimizer's settings the runtime follows
+    made = {t for n in walk(callee.body) if isinstance(n, cst.Assign) and _is_container(n.value) for t in names_written(n)}
+    changed = [c for node in walk(callee.body) for c in _changed_chains(node, set(), loop) if (c or "").split(".")[0] not in made]
+    env = loop.region.body_block.env
+    if not changed or any(env.kind_of(a.value) in (OPTIMIZER, SCHEDULER) for a in call.args):
+        return []
+    params = [p.name.value for p in callee.params.params]
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    offset = 1 if receiver is not None and params[:1] == ["self"] else 0
+    bound = {name: dotted(arg) for name, arg in zip(params[offset:], positional)}
+    bound.update({a.keyword.value: dotted(a.value) for a in call.args if a.keyword is not None})
+    if receiver is not None:
+        bound["self"] = receiver
+    handed = [name for name in bound.values() if name is not None]
+    out = []
+    for chain in changed:
+        root, _, rest = (chain or "").partition(".")
+        if bound.get(root):
+            out.append(f"{bound[root]}.{rest or '*'}")
+        else:  # a module-level name it changes is spelled the same; a local one may be under what it was handed
+            out += [f"{name}.*" for name in handed] + ([chain] if chain else [])
+    return out
+
+
+def _callee(call: cst.Call, loop) -> tuple[cst.FunctionDef | None, str | None]:
+    """The function (and the receiver's name, for a method) a call of this file's code runs: a module
+    function, one defined in the loop's function, or a method of an object made from a class of the file."""
+    module = loop.module
+    if isinstance(call.func, cst.Name):
+        local = [f for f in walk(loop.func.node) if isinstance(f, cst.FunctionDef)] if loop.func.node is not None else []
+        found = [f for f in local if f.name.value == call.func.value] or [module.functions.get(call.func.value)]
+        return found[0], None
+    receiver = dotted(call.func.value) if isinstance(call.func, cst.Attribute) else None
+    env = loop.region.body_block.env
+    if receiver is None or "." in receiver:
+        return None, None
+    classes = {class_made(v, module.classes) for v in env.values_of(receiver)} - {None}
+    if len(classes) != 1:
+        return None, None
+    return module.method(module.classes[classes.pop()], call.func.attr.value), receiver
 
 
 def _rebound_by_functions(loop) -> dict[str, list[str]]:
