@@ -280,11 +280,8 @@ def exit_of(node: cst.CSTNode, in_loop: bool = False, in_def: bool = False) -> s
     this loop (not of a loop nested in the statement), a return, yield or await of this function
     (not of a function defined in it), a raise."""
     kind = type(node)
-    if (
-        kind in _EXITS
-        and not (kind in (cst.Break, cst.Continue) and in_loop)
-        and not (kind is not cst.Raise and kind not in (cst.Break, cst.Continue) and in_def)
-    ):
+    leaves_loop = kind in (cst.Break, cst.Continue)
+    if kind in _EXITS and not (in_loop if leaves_loop else in_def):
         return _EXITS[kind]
     nested_loop = in_loop or isinstance(node, (cst.For, cst.While))
     nested_def = in_def or isinstance(node, (cst.FunctionDef, cst.Lambda))

@@ -44,7 +44,7 @@ class _Captures:
         self.optimizers: list = []
         self.modules: list = []  # top-level modules the step reaches
         self.submodules: list = []  # theirs and every submodule: train/eval modes are part of each graph's key
-        self.handed: list = []  # models and optimizers handed to the first call as arguments
+        self.handed: list = []  # models and optimizers handed to the first call as arguments: the ones inspected
         self.parameters: list = []  # theirs: which require grad is part of each key (freezing, unfreezing)
         self.ddps: list = []  # DistributedDataParallel models the step runs: longer warmup, ranks agree on captures
         self.graphs: dict = {}  # key -> (graph, static input tensors, static outputs, gradients it writes)
@@ -109,12 +109,16 @@ class CapturedStep:
         handed = [h.obj for h in host if isinstance(h, Identity) and isinstance(h.obj, (torch.nn.Module, torch.optim.Optimizer))]
         if not state.inspected:
             self._inspect(handed)
-        elif handed and state.disabled is None and any(all(o is not known for known in state.handed) for o in handed):
-            state.disabled = "it is handed a model or optimizer other than those of its first call (a new one per fold?), whose settings it would not follow"
+        elif state.disabled is None and any(isinstance(o, torch.optim.Optimizer) and all(o is not k for k in state.handed) for o in handed):
+            state.disabled = (
+                "it is handed an optimizer other than its first call's (a new one per fold?), whose settings it would not follow"
+            )
             self._warn(state.disabled)
         if state.disabled is not None:
             return self._eager(tensors, inputs) if state.side_stream_used else self.step(*inputs)
         modes = bytes(m.training for m in state.submodules), bytes(map(requires_grad, state.parameters))
+        if handed:  # a model handed in (one of an ensemble): its identity is in the key, its modes too
+            modes += (bytes(m.training for h in handed if isinstance(h, torch.nn.Module) for m in h.modules()),)
         key = (key, host, torch.is_grad_enabled(), modes)
         captured = state.graphs.get(key)
         if captured is not None:

@@ -93,13 +93,15 @@ class GraphedModule:
             if signature not in runs and len(runs) == MAX_SIGNATURES:
                 state["disabled"] = (
                     f"no gain expected: its inputs came in more than {MAX_SIGNATURES} shapes before one of them"
-                    f" came {self.warmup + 1} times, so a graph would rarely replay"
+                    " recurred enough to be warmed up, so a graph would rarely replay"
                 )
                 warnings.warn(f"graphify: the model runs eagerly: {state['disabled']}", GraphifyFallbackWarning, stacklevel=2)
                 return self.module(*inputs, **constants)
             if state["recorded"] is None:  # a compiled module must not meet the recorder
                 state["recorded"] = recording_allowed() and not compiled([self.module])
             warmup, done = self.warmup + state["recorded"], runs.get(signature, 0)
+            # capture updates buffers in place (batch-norm statistics): never while an eager call's
+            # backward, which checks the versions of what it saved, is still to come
             if done < warmup or state["warmup_awaiting"]:
                 runs[signature] = done + 1
                 stream = side_stream(inputs[0].device)
