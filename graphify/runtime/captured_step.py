@@ -69,14 +69,16 @@ KEPT_PER_STEP = 4  # e.g. one train() function called in turn for a few models
 class CapturedStep:
     """Runs one training (or inference) step from a CUDA graph.
 
-    For each key (host branch outcomes such as "the optimizer steps this time", the modules' modes,
-    whether grad is enabled) the first `warmup` calls on CUDA run eagerly on a side stream; the next
-    call copies its inputs into static buffers, captures the step and replays it; later calls copy
-    their inputs in and replay. Inputs of another shape, dtype or device and calls off CUDA run
-    eagerly; calls after a setting the graph froze has changed (a float learning rate on an optimizer
-    that cannot read a tensor one, betas or momentum moved by a scheduler, a param group added)
-    capture again. A replay
-    returns the graph's static outputs, which the next replay overwrites: `copy_outputs` keeps them.
+    For each key (host branch outcomes such as "the optimizer steps this time", the modes of the modules
+    and their submodules, whether grad is enabled) the first `warmup` calls on CUDA run eagerly on a side
+    stream, two of them recording the host values handed to the operators (one more call: they must
+    agree, or the step stays eager); the next call copies its inputs into static buffers, captures the
+    step and replays it; later calls copy their inputs in and replay. Inputs of another shape, dtype or
+    device and calls off CUDA run eagerly; calls after a setting the graph froze has changed (a float
+    learning rate on an optimizer that cannot read a tensor one, betas, momentum or eps moved, a param
+    group added) capture again. Before a replay, `.grad` points at the gradients the graph writes, for
+    eager code after it. A replay returns the graph's static outputs, which the next replay overwrites:
+    `copy_outputs` keeps them.
     """
 
     def __init__(self, step, device=None, warmup: int = WARMUP):
