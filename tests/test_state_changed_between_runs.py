@@ -81,3 +81,34 @@ def test_an_optimizer_setting_changed_by_a_helper_is_left_to_the_runtime():
     result = rewrite_source(TEMPLATE.format(between="update_lr(optimizer, 1e-3 / (1 + epoch))", read="1.0"), "train.py")
     outcome = next(o for o in result.outcomes if o.kind == "train")
     assert outcome.rewritten, outcome
+
+
+CALLER = """import types
+import torch
+import torch.nn as nn
+
+def train_one_epoch(model, loader, optimizer, cfg):
+    for x, y in loader:
+        out = model(x.cuda())
+        loss = (out - y.cuda()).pow(2).mean() + cfg.l1 * out.abs().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+model = nn.Linear(8, 1).cuda()
+optimizer = torch.optim.Adam(model.parameters(), capturable=True)
+settings = types.SimpleNamespace(l1=0.0)
+for epoch in range(4):
+    {between}
+    train_one_epoch(model, loader, optimizer, settings)
+"""
+
+
+def test_state_a_caller_changes_between_calls_of_the_loops_function_keeps_it_eager():
+    """`train_one_epoch(..., settings)` called each epoch after `settings.l1 = ...`: the graphs found again
+    on each call would keep the first epoch's weight."""
+    result = rewrite_source(CALLER.format(between="settings.l1 = 0.1 * epoch"), "train.py")
+    outcome = next(o for o in result.outcomes if o.kind == "train")
+    assert not outcome.rewritten and "GFY703" in outcome.reasons, outcome
+    unchanged = rewrite_source(CALLER.format(between="print(epoch)"), "train.py")
+    assert next(o for o in unchanged.outcomes if o.kind == "train").rewritten

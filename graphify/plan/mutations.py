@@ -130,7 +130,7 @@ def _changed_between_runs(loop, rebound: set[str]) -> tuple[list, list]:
     in an outer scope (`decay()`, whose `global scale` rebinds `scale`)."""
     outer = loop.outer_loops
     if not outer:
-        return [], []
+        return _changed_by_callers(loop), []
     declared = _rebound_by_functions(loop)
     inner = {id(n) for n in walk(loop.node)}
     chains, names = [], []
@@ -151,7 +151,49 @@ def _changed_between_runs(loop, rebound: set[str]) -> tuple[list, list]:
             chains += [(chain, node) for chain in _changed_by_call(node, loop)]
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
             names += [(name, node) for name in declared.get(node.func.value, ())]
-    return chains, names
+    return chains + _changed_by_callers(loop), names
+
+
+def _changed_by_callers(loop) -> list:
+    """What loops that call the loop's function again and again change between those calls (`cfg.temp =
+    1.0 + epoch` before each `evaluate(model, loader, cfg)`), spelled with the function's parameters:
+    graphs of its step, found again on each call, would keep the first call's values."""
+    func = loop.func.node
+    if func is None:
+        return []
+    params = [p.name.value for p in func.params.params]
+    module_names = loop.region.body_block.env.module_scope.values
+    found = []
+    for caller in (n for n in walk(loop.module.tree) if isinstance(n, (cst.For, cst.While)) and n is not loop.node):
+        calls = [c for c in walk(caller.body) if isinstance(c, cst.Call) and _calls_function(c, func)]
+        if not calls:
+            continue
+        bound = {}
+        positional = [a.value for a in calls[0].args if a.keyword is None and not a.star]
+        offset = 1 if params[:1] == ["self"] and isinstance(calls[0].func, cst.Attribute) else 0
+        bound.update({dotted(arg): name for name, arg in zip(params[offset:], positional) if dotted(arg)})
+        bound.update({dotted(a.value): a.keyword.value for a in calls[0].args if a.keyword is not None and dotted(a.value)})
+        if offset:
+            bound["self"] = "self"
+        inside = {id(n) for c in calls for n in walk(c)}
+        for node in walk(caller.body):
+            if id(node) in inside:
+                continue
+            for chain in _changed_chains(node, set(), loop):
+                root, _, rest = (chain or "").partition(".")
+                if root in bound:
+                    found.append((f"{bound[root]}.{rest}" if rest else bound[root], node))
+                elif chain and root in module_names and root not in params:  # a module-level object it reads
+                    found.append((chain, node))
+    return found
+
+
+def _calls_function(call: cst.Call, func: cst.FunctionDef) -> bool:
+    """`evaluate(...)` or `self.evaluate(...)` for `def evaluate`."""
+    name = func.name.value
+    return (isinstance(call.func, cst.Name) and call.func.value == name) or (
+        isinstance(call.func, cst.Attribute) and call.func.attr.value == name and dotted(call.func.value) == "self"
+    )
 
 
 def _changed_by_call(call: cst.Call, loop) -> list[str]:
