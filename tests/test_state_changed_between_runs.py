@@ -112,3 +112,29 @@ def test_state_a_caller_changes_between_calls_of_the_loops_function_keeps_it_eag
     assert not outcome.rewritten and "GFY703" in outcome.reasons, outcome
     unchanged = rewrite_source(CALLER.format(between="print(epoch)"), "train.py")
     assert next(o for o in unchanged.outcomes if o.kind == "train").rewritten
+
+
+def test_a_function_defined_beside_the_loop_reading_what_an_enclosing_loop_rebinds_keeps_it_eager():
+    """`def criterion(out, y)` in `main`, reading `l2`, which the epoch loop rebinds: called by the step,
+    it would read the first epoch's `l2` in every replay."""
+    source = """import torch
+import torch.nn as nn
+
+def main(loader):
+    model = nn.Linear(8, 1).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), capturable=True)
+    l2 = 0.0
+
+    def criterion(out, y):
+        return (out - y).pow(2).mean() + l2 * sum(p.pow(2).sum() for p in model.parameters())
+
+    for epoch in range(4):
+        l2 = 0.01 * epoch
+        for x, y in loader:
+            loss = criterion(model(x.cuda()), y.cuda())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+"""
+    outcome = next(o for o in rewrite_source(source, "train.py").outcomes if o.kind == "train")
+    assert not outcome.rewritten and "GFY703" in outcome.reasons, outcome

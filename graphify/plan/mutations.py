@@ -94,7 +94,13 @@ def _loop_names_read_by_calls(plan, captured: list, refuse) -> None:
         declared = {n.name.value for g in walk(loop.func.node) if isinstance(g, cst.Global) for n in g.names}
         inside = {id(n) for n in descendants(loop.func.node)}
         local = {id(s) for c in loop.module.classes.values() if id(c) in inside for s in c.body.body if isinstance(s, cst.FunctionDef)}
-        readers = {key: rebound & declared for key in module_readers - local} | {key: rebound for key in local}
+        # a function defined beside the loop (a loss `def` in `main`) reads `main`'s names when called: a value an
+        # enclosing loop rebinds is read at capture only (one defined in the loop body is refused as a closure)
+        in_loop = {id(n) for n in descendants(loop.node)}
+        beside = {
+            id(f) for f in walk(loop.func.node) if isinstance(f, cst.FunctionDef) and f is not loop.func.node and id(f) not in in_loop
+        }
+        readers = {key: rebound & declared for key in module_readers - local} | {key: rebound for key in local | beside}
     reached = {id(site.block.func.node): site.block.func for _, site in captured if site.block is not region.body_block}
     frozen = {
         name
