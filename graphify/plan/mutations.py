@@ -97,9 +97,7 @@ def _loop_names_read_by_calls(plan, captured: list, refuse) -> None:
         # a function defined beside the loop (a loss `def` in `main`) reads `main`'s names when called: a value an
         # enclosing loop rebinds is read at capture only (one defined in the loop body is refused as a closure)
         in_loop = {id(n) for n in descendants(loop.node)}
-        beside = {
-            id(f) for f in walk(loop.func.node) if isinstance(f, cst.FunctionDef) and f is not loop.func.node and id(f) not in in_loop
-        }
+        beside = {id(f) for f in _local_functions(loop) if f is not loop.func.node and id(f) not in in_loop}
         readers = {key: rebound & declared for key in module_readers - local} | {key: rebound for key in local | beside}
     reached = {id(site.block.func.node): site.block.func for _, site in captured if site.block is not region.body_block}
     frozen = {
@@ -137,7 +135,8 @@ def _changed_between_runs(loop, rebound: set[str]) -> tuple[list, list]:
     outer = loop.outer_loops
     if not outer:
         return _changed_by_callers(loop), []
-    declared = _rebound_by_functions(loop)
+    local = _local_functions(loop)
+    declared = _rebound_by_functions(loop, local)
     inner = {id(n) for n in walk(loop.node)}
     chains, names = [], []
     # `for m in model.modules(): m.p = p`: what the loop variable reaches is under `model`
@@ -154,7 +153,7 @@ def _changed_between_runs(loop, rebound: set[str]) -> tuple[list, list]:
             continue
         chains += [(under.get((chain or "").split(".")[0], chain), node) for chain in _changed_chains(node, rebound, loop)]
         if isinstance(node, cst.Call):
-            chains += [(chain, node) for chain in _changed_by_call(node, loop)]
+            chains += [(chain, node) for chain in _changed_by_call(node, loop, local)]
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
             names += [(name, node) for name in declared.get(node.func.value, ())]
     return chains + _changed_by_callers(loop), names
@@ -174,13 +173,8 @@ def _changed_by_callers(loop) -> list:
         calls = [c for c in walk(caller.body) if isinstance(c, cst.Call) and _calls_function(c, func)]
         if not calls:
             continue
-        bound = {}
-        positional = [a.value for a in calls[0].args if a.keyword is None and not a.star]
-        offset = 1 if params[:1] == ["self"] and isinstance(calls[0].func, cst.Attribute) else 0
-        bound.update({dotted(arg): name for name, arg in zip(params[offset:], positional) if dotted(arg)})
-        bound.update({dotted(a.value): a.keyword.value for a in calls[0].args if a.keyword is not None and dotted(a.value)})
-        if offset:
-            bound["self"] = "self"
+        receiver = "self" if isinstance(calls[0].func, cst.Attribute) else None
+        bound = {arg: param for param, arg in _arguments(calls[0], func, receiver).items() if arg}
         inside = {id(n) for c in calls for n in walk(c)}
         for node in walk(caller.body):
             if id(node) in inside:
@@ -202,12 +196,12 @@ def _calls_function(call: cst.Call, func: cst.FunctionDef) -> bool:
     )
 
 
-def _changed_by_call(call: cst.Call, loop) -> list[str]:
+def _changed_by_call(call: cst.Call, loop, local: list[cst.FunctionDef]) -> list[str]:
     """What a function or method of this file, called between runs, changes in place, spelled with the
     caller's names: `self`'s attributes as the receiver's (`temperature.step()` sets `temperature.T`),
     a parameter's as its argument's (`update_cfg(cfg, e)`: `cfg.aux_weight`), and anything else it
     changes (`for m in model.modules(): m.p = p`) as under every object handed to it."""
-    callee, receiver = _callee(call, loop)
+    callee, receiver = _callee(call, loop, local)
     if callee is None:
         return []
     # containers it makes itself (`images = []`) are its own; the optimizer's settings the runtime follows
@@ -216,13 +210,7 @@ def _changed_by_call(call: cst.Call, loop) -> list[str]:
     env = loop.region.body_block.env
     if not changed or any(env.kind_of(a.value) in (OPTIMIZER, SCHEDULER) for a in call.args):
         return []
-    params = [p.name.value for p in callee.params.params]
-    positional = [a.value for a in call.args if a.keyword is None and not a.star]
-    offset = 1 if receiver is not None and params[:1] == ["self"] else 0
-    bound = {name: dotted(arg) for name, arg in zip(params[offset:], positional)}
-    bound.update({a.keyword.value: dotted(a.value) for a in call.args if a.keyword is not None})
-    if receiver is not None:
-        bound["self"] = receiver
+    bound = _arguments(call, callee, receiver)
     handed = [name for name in bound.values() if name is not None]
     out = []
     for chain in changed:
@@ -234,12 +222,24 @@ def _changed_by_call(call: cst.Call, loop) -> list[str]:
     return out
 
 
-def _callee(call: cst.Call, loop) -> tuple[cst.FunctionDef | None, str | None]:
+def _arguments(call: cst.Call, func: cst.FunctionDef, receiver: str | None) -> dict[str, str | None]:
+    """Parameter -> the caller's name for what the call hands it (None for an expression): positional and
+    keyword arguments, and `self` -> the receiver of a method call."""
+    params = [p.name.value for p in func.params.params]
+    method = receiver is not None and params[:1] == ["self"]
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    bound = {name: dotted(arg) for name, arg in zip(params[1:] if method else params, positional)}
+    bound.update({a.keyword.value: dotted(a.value) for a in call.args if a.keyword is not None})
+    if method:
+        bound["self"] = receiver
+    return bound
+
+
+def _callee(call: cst.Call, loop, local: list[cst.FunctionDef]) -> tuple[cst.FunctionDef | None, str | None]:
     """The function (and the receiver's name, for a method) a call of this file's code runs: a module
     function, one defined in the loop's function, or a method of an object made from a class of the file."""
     module = loop.module
     if isinstance(call.func, cst.Name):
-        local = [f for f in walk(loop.func.node) if isinstance(f, cst.FunctionDef)] if loop.func.node is not None else []
         found = [f for f in local if f.name.value == call.func.value] or [module.functions.get(call.func.value)]
         return found[0], None
     receiver = dotted(call.func.value) if isinstance(call.func, cst.Attribute) else None
@@ -252,10 +252,14 @@ def _callee(call: cst.Call, loop) -> tuple[cst.FunctionDef | None, str | None]:
     return module.method(module.classes[classes.pop()], call.func.attr.value), receiver
 
 
-def _rebound_by_functions(loop) -> dict[str, list[str]]:
+def _local_functions(loop) -> list[cst.FunctionDef]:
+    """The functions defined in the loop's function (itself included); none for a module-level loop."""
+    return [f for f in walk(loop.func.node) if isinstance(f, cst.FunctionDef)] if loop.func.node is not None else []
+
+
+def _rebound_by_functions(loop, local: list[cst.FunctionDef]) -> dict[str, list[str]]:
     """Function name -> the names it declares `global` or `nonlocal`: the file's functions, and those
     defined in the loop's own function (a `def decay()` beside the loop)."""
-    local = [f for f in walk(loop.func.node) if isinstance(f, cst.FunctionDef)] if loop.func.node is not None else []
     declared: dict[str, list[str]] = {}
     for f in [*loop.module.functions.values(), *local]:
         names = [n.name.value for g in walk(f) if isinstance(g, (cst.Global, cst.Nonlocal)) for n in g.names]
