@@ -124,3 +124,28 @@ def test_arguments_the_recorder_cannot_read_never_stop_the_step():
     with HostValues() as record:
         doubled = sparse * 2
     assert torch.equal(doubled.to_dense(), torch.tensor([2.0, 4.0, 0.0])) and record.calls
+
+
+_seeds = iter(range(1000))
+
+
+@torch.library.custom_op("graphify_test::draw_seed", mutates_args=(), device_types="meta")
+def _draw_seed(x: torch.Tensor) -> torch.Tensor:
+    """Stands in for attention with dropout: an operator on device tensors that returns the random seed its
+    backward takes, as a small host tensor holding a new value at every call."""
+    return torch.tensor([next(_seeds)])
+
+
+def test_host_tensors_made_by_the_steps_device_work_are_not_host_values():
+    x = torch.randn(4, 32, device="meta")
+
+    def record(draw):
+        with HostValues() as r:
+            seed = draw(x)
+            torch.ops.aten.add(seed, 1, alpha=1)  # what a backward does with its forward's seed
+        return r.calls
+
+    assert first_difference(record(_draw_seed), record(_draw_seed)) is None
+    # a host tensor the step makes from host work alone carries a host value: recorded by value
+    host_draw = lambda _: torch.randint(0, 1000, (1,), generator=torch.Generator().manual_seed(next(_seeds)))  # noqa: E731
+    assert first_difference(record(host_draw), record(host_draw)) is not None

@@ -152,3 +152,38 @@ def test_any_optimizer_setting_a_graph_froze_is_followed(monkeypatch):
     got, step = _train_eps(CapturedStep)
     assert step.state.recaptures == 2 and step.state.graphs
     _assert_close(got, expected)
+
+
+def test_attention_dropout_is_captured_without_a_word(monkeypatch):
+    """Attention with dropout hands its backward the random seed and offset as host tensors that change at
+    every call; they come from the device's own work (under capture they advance with the graph's
+    generator), so the step is captured, and trains as eager."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+
+    def run(wrap):
+        torch.manual_seed(0)
+        proj = torch.nn.Linear(32, 96).cuda()
+        optimizer = torch.optim.SGD(proj.parameters(), lr=0.05)
+
+        def train_step(x):
+            q, k, v = proj(x).view(8, 16, 3, 2, 16).unbind(2)
+            out = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=0.2)
+            loss = out.float().square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+        step = wrap(train_step)
+        g = torch.Generator().manual_seed(1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(12):
+                step(torch.randn(8, 16, 32, generator=g).cuda())
+        torch.cuda.synchronize()
+        messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+        return [p.detach().clone() for p in proj.parameters()], step, messages
+
+    expected = run(lambda f: f)[0]
+    got, step, messages = run(CapturedStep)
+    assert messages == [] and step.state.graphs, messages
+    _assert_close(got, expected)

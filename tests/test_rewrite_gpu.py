@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from graphify.rewrite import rewrite_source
+from graphify.runtime.common import WARMUP
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -33,7 +34,7 @@ def _rewritten(name, tmp_path):
     return module
 
 
-def _train(module, fn="train", capturable=False):
+def _train(module, fn="train", capturable=False, **kwargs):
     # cuDNN's default backward kernels are not reproducible run to run; deterministic ones are
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     w = module.build("cuda")
@@ -41,7 +42,7 @@ def _train(module, fn="train", capturable=False):
         for group in w["optimizer"].param_groups:
             if group.get("capturable") is False:
                 group["capturable"] = True
-    getattr(module, fn)(w["model"], w["optimizer"], w["scheduler"], w["loss_fn"], w["batches"], STEPS)
+    getattr(module, fn)(w["model"], w["optimizer"], w["scheduler"], w["loss_fn"], w["batches"], STEPS, **kwargs)
     torch.cuda.synchronize()
     return {k: v.detach().clone() for k, v in w["model"].state_dict().items() if v.is_floating_point()}
 
@@ -56,7 +57,7 @@ def test_rewrite_matches_hand_capture_and_eager(name, tmp_path):
     eager = _train(module)
     eager_again = _train(module)
     eager_capturable = _train(module, capturable=True)
-    hand = _train(module, "train_hand")
+    hand = _train(module, "train_hand", warmup=WARMUP + 1)  # as many eager steps as graphify's warmup
     rewritten_module = _rewritten(name, tmp_path)
     replays = []
     original_replay = torch.cuda.CUDAGraph.replay
@@ -78,7 +79,9 @@ def test_rewrite_matches_hand_capture_and_eager(name, tmp_path):
         "hand capture vs eager": _max_rel(hand, eager),
     }
     print(f"\n{name}: " + ", ".join(f"{k} {v:.2e}" for k, v in report.items()))
-    assert len(replays) == STEPS - 3, "every step after the 3 warmup steps is a replay"
+    # the warmup: WARMUP eager calls, one more for the host-value check (two recorded calls before the timed one);
+    # the transformer's attention dropout hands its backward a seed made on the device, not a host value
+    assert len(replays) == STEPS - WARMUP - 1, "every step after the warmup is a replay"
     assert report["graphify vs hand capture"] < 1e-5
     # eager and replayed kernels may round differently in the last bits; measured 1.1e-5 on the transformer
     assert report["graphify vs eager (capturable optimizer)"] < 1e-4

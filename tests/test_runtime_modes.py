@@ -18,7 +18,7 @@ from fixture_cases import CHECK
 import graphify.cli as cli
 from graphify.config import Settings
 from graphify.rewrite import rewrite_source
-from graphify.rewrite.bundle import RuntimeChoice, runtime_version, vendor_code
+from graphify.rewrite.bundle import RUNTIME_DIR, RuntimeChoice, runtime_version, vendor_code
 
 SCRIPT = CHECK / "mnist_main_function.py"
 
@@ -39,6 +39,20 @@ def test_vendored_module_has_the_public_runtime():
     assert code.startswith(f'"""graphify runtime {runtime_version()}, written by')
     assert "graphify." not in code.replace("graphify.runtime as one module", "")  # imports nothing of graphify
     cst.parse_module(code)
+
+
+def test_the_bundle_defines_every_name_the_runtime_modules_import_from_each_other():
+    """A runtime module left out of the bundle shows only when its names are first called, in a user's run
+    on the GPU; here every `from graphify.runtime.x import ...` is checked against the vendored module."""
+    names: dict = {}
+    exec(compile(vendor_code(), "graphify_runtime.py", "exec"), names)
+    imported = set()
+    for path in RUNTIME_DIR.glob("*.py"):
+        for stmt in cst.parse_module(path.read_text()).body:
+            for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+                if isinstance(small, cst.ImportFrom) and cst.Module([]).code_for_node(small.module).startswith("graphify.runtime"):
+                    imported |= {alias.name.value for alias in small.names}
+    assert imported and imported <= set(names), imported - set(names)
 
 
 def test_inline_pastes_the_runtime_once_and_changes_nothing_else():

@@ -6,8 +6,8 @@ Each module in this package is a self-contained training script that exposes
   ``batches`` (8 pre-generated ``(x, y)`` pairs on ``device``), all from fixed seeds;
 * ``train(model, optimizer, scheduler, loss_fn, batches, steps)``: an ordinary eager training loop
   (this is the code graphify rewrites);
-* ``train_hand(model, optimizer, scheduler, loss_fn, batches, steps)``: the same training written by
-  hand as a whole-step CUDA graph capture (needs CUDA).
+* ``train_hand(model, optimizer, scheduler, loss_fn, batches, steps, warmup=3)``: the same training
+  written by hand as a whole-step CUDA graph capture after ``warmup`` eager steps (needs CUDA).
 
 The modules import nothing but torch so that a rewritten copy can be loaded from any directory.
 """

@@ -51,7 +51,7 @@ def train(model, optimizer, scheduler, loss_fn, batches, steps):
             scheduler.step()
 
 
-def train_hand(model, optimizer, scheduler, loss_fn, batches, steps):
+def train_hand(model, optimizer, scheduler, loss_fn, batches, steps, warmup=3):
     """Whole training step captured by hand in one CUDA graph; same updates as train()."""
     model.train()
     for group in optimizer.param_groups:
@@ -59,7 +59,7 @@ def train_hand(model, optimizer, scheduler, loss_fn, batches, steps):
             group["capturable"] = True
 
     # 3 real training steps on a side stream (cuBLAS workspaces, optimizer state, allocator pools).
-    warmup = min(3, steps)
+    warmup = min(warmup, steps)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), warnings.catch_warnings():

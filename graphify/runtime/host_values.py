@@ -31,38 +31,64 @@ def compiled(objects) -> bool:
     return any(type(m).__name__ == "OptimizedModule" for m in modules) or any(hasattr(o, "_torchdynamo_orig_callable") for o in objects)
 
 
-def _value(arg):
+def _small_host(arg) -> bool:
+    return (
+        isinstance(arg, torch.Tensor)
+        and arg.device.type == "cpu"
+        and arg.layout == torch.strided
+        and not arg.is_quantized
+        and arg.numel() <= SMALL_HOST_TENSOR
+    )
+
+
+def _value(arg, made_by_device=frozenset()):
     if isinstance(arg, torch.Tensor):
-        if arg.device.type == "cpu" and arg.layout == torch.strided and not arg.is_quantized and arg.numel() <= SMALL_HOST_TENSOR:
+        if _small_host(arg):
+            if arg.numel() and arg.untyped_storage().data_ptr() in made_by_device:
+                return None  # made by the step's own device work (see _Recorder)
             return ("host tensor", tuple(_value(x) for x in arg.detach().flatten().tolist()))
         return None  # a device tensor's contents belong to the graph (or to a static input buffer)
     if isinstance(arg, float):
         return arg.hex()  # NaN equals itself, -0.0 differs from 0.0
     if isinstance(arg, (list, tuple)):
-        return tuple(_value(x) for x in arg)
+        return tuple(_value(x, made_by_device) for x in arg)
     if arg is None or isinstance(arg, (bool, int, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return arg
     return type(arg).__name__  # a generator or another object: by kind only
 
 
 class _Recorder(TorchDispatchMode):
+    """A small host tensor that an operator on device tensors returned is not a host value: its contents
+    come from the GPU's work, such as the random seed and offset that attention with dropout hands its
+    backward (under capture they live on the device and advance with the graph's generator). Such
+    tensors are kept until the call ends, so that their storage is not reused by one that is."""
+
     def __init__(self):
         super().__init__()
         self.calls: list = []
         self.paused = 0
+        self.made_by_device: list = []
+        self.pointers: set = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not self.paused:
             try:
-                arguments, keywords = _value(args), _value(tuple(sorted(kwargs.items())))
+                arguments = _value(args, self.pointers)
+                keywords = _value(tuple(sorted(kwargs.items())), self.pointers)
             except Exception:  # noqa: BLE001 - an argument the recorder cannot read never stops the step
                 arguments, keywords = ("unreadable",), ()
             # operators on tensors alone are left out: they carry no host value, and autograd's gradient
             # accumulation takes a tensor as it is on the first pass (`detach`) and adds to it later (`add_`)
             if _holds_value(arguments) or keywords:
                 self.calls.append((str(func), arguments, keywords))
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        if any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in (*args, *kwargs.values())):
+            for out in result if isinstance(result, (list, tuple)) else (result,):
+                if _small_host(out) and out.numel():
+                    self.made_by_device.append(out)
+                    self.pointers.add(out.untyped_storage().data_ptr())
+        return result
 
 
 def _holds_value(recorded) -> bool:
@@ -93,6 +119,7 @@ class HostValues:
         for handle in self.handles:
             handle.remove()
         self.calls = self.recorder.calls
+        self.recorder.made_by_device.clear()
         return False
 
     def _pause(self, by: int) -> None:
