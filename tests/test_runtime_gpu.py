@@ -390,3 +390,48 @@ def test_an_optimizer_handed_in_as_an_argument_is_followed_and_a_new_one_is_not_
     assert len(messages) == 1 and "handed an optimizer other than" in messages[0], messages
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+class _MovingWeight:
+    t = 0
+
+    @property
+    def weight(self):
+        return 1.0 + self.t / 50
+
+
+def test_a_step_left_eager_gives_the_optimizer_back_as_built():
+    """A host value moving every step leaves the step eager at warmup: the AdamW made capturable for the
+    capture runs as it was built again (host step counts, host arithmetic: fewer kernels), trains as eager,
+    and the one warning points at the loop's line."""
+
+    def run(wrap):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        moving = _MovingWeight()
+
+        def train_step(x, y):
+            loss = torch.nn.functional.mse_loss(model(x), y) * moving.weight
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        step = wrap(train_step)
+        g = torch.Generator().manual_seed(1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(12):
+                moving.t += 1
+                step(torch.randn(16, 8, generator=g).cuda(), torch.randn(16, 1, generator=g).cuda())  # the warning's line
+        torch.cuda.synchronize()
+        return [p.detach().clone() for p in model.parameters()], opt, [w for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+
+    expected, _, _ = run(lambda f: f)
+    got, opt, caught = run(CapturedStep)
+    assert len(caught) == 1 and "changed between steps" in str(caught[0].message)
+    assert caught[0].filename == __file__ and "the warning's line" in open(__file__).read().splitlines()[caught[0].lineno - 1]
+    assert all(g["capturable"] is False for g in opt.param_groups)
+    assert all(s["step"].device.type == "cpu" for s in opt.state.values())
+    for a, b in zip(got, expected, strict=True):  # warmup ran the capturable arithmetic: rounding apart
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

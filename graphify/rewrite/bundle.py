@@ -20,7 +20,15 @@ RUNTIME_CLASSES = ("CapturedStep", "GraphedModule", "build_on_capture_stream")  
 INLINE_FUNCTION = "_graphify_runtime"
 
 RUNTIME_DIR = Path(__file__).resolve().parents[1] / "runtime"
-_ORDER = ("common", "host_values", "distributed", "reach", "captured_step", "graphed_module")  # each imports only those before it
+_ORDER = (
+    "common",
+    "host_values",
+    "optimizer_settings",
+    "distributed",
+    "reach",
+    "captured_step",
+    "graphed_module",
+)  # each imports only those before it
 BEGIN = "# --- graphify runtime {version}: pasted by `graphify rewrite --runtime inline`; do not edit ---"
 END = "# --- end of graphify runtime {version} ---"
 VENDOR_HEADER = '"""graphify runtime {version}, written by `graphify rewrite --runtime vendor`; do not edit (rerun to update)."""'

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-import numbers
+import sys
 import warnings
 
 import torch
@@ -28,6 +28,7 @@ from graphify.runtime.common import (
 )
 from graphify.runtime.distributed import DDP_WARMUP, all_ranks_agree, ddp_modules, free_before_teardown
 from graphify.runtime.host_values import HostValues, compiled, drift_reason, first_difference, recording_allowed
+from graphify.runtime.optimizer_settings import give_back, make_capturable, settings_unchanged, use_tensor_lrs
 from graphify.runtime.reach import bindings, inner_optimizers, referenced, same, why_not_capturable
 
 MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes every step and the step stays eager
@@ -42,6 +43,7 @@ class _Captures:
         self.disabled: str | None = None  # why the step runs eagerly for good
         self.side_stream_used = False
         self.optimizers: list = []
+        self.made_capturable: list = []  # (optimizer, group) set capturable for the capture: given back if it stays eager
         self.modules: list = []  # top-level modules the step reaches
         self.submodules: list = []  # theirs and every submodule: train/eval modes are part of each graph's key
         self.handed: list = []  # models and optimizers handed to the first call as arguments: the ones inspected
@@ -112,10 +114,7 @@ class CapturedStep:
         if not state.inspected:
             self._inspect(handed)
         elif state.disabled is None and any(isinstance(o, torch.optim.Optimizer) and all(o is not k for k in state.handed) for o in handed):
-            state.disabled = (
-                "it is handed an optimizer other than its first call's (a new one per fold?), whose settings it would not follow"
-            )
-            self._warn(state.disabled)
+            self._give_up("it is handed an optimizer other than its first call's (a new one per fold?), whose settings it would not follow")
         if state.disabled is not None:
             return self._eager(tensors, inputs) if state.side_stream_used else self.step(*inputs)
         modes = bytes(m.training for m in state.submodules), bytes(map(requires_grad, state.parameters))
@@ -125,7 +124,7 @@ class CapturedStep:
         captured = state.graphs.get(key)
         if captured is not None:
             graph, static_tensors, static_outputs, grads = captured
-            if not self._settings_unchanged():
+            if not settings_unchanged(state.group_counts, state.frozen):
                 self._forget_graphs()  # e.g. SGD's float learning rate moved by a per-epoch scheduler
                 return self.__call__(*inputs, key=key[0])
             if self._fits(static_tensors, tensors):
@@ -148,8 +147,7 @@ class CapturedStep:
             return self._eager(tensors, inputs)
         runs = state.eager_runs.get(key, 0)
         if runs == 0 and len(state.eager_runs) >= MAX_KEYS:
-            state.disabled = f"its host inputs or branch keys took more than {MAX_KEYS} values (a Python value that changes every step?)"
-            self._warn(state.disabled)
+            self._give_up(f"its host inputs or branch keys took more than {MAX_KEYS} values (a Python value that changes every step?)")
             return self._eager(tensors, inputs)
         warmup = max(self.warmup, DDP_WARMUP) if state.ddps else self.warmup + state.recorded
         if runs < warmup:
@@ -186,8 +184,9 @@ class CapturedStep:
                 x.watched = True
         result = self._eager([], inputs)
         if state.disabled is None and any(x.moved_device_generator for x in fetched):
-            state.disabled = "the batches it fetches in each micro-step draw from a CUDA generator; fetched before the step, they would change places with the step's own draws"
-            self._warn(state.disabled)
+            self._give_up(
+                "the batches it fetches in each micro-step draw from a CUDA generator; fetched before the step, they would change places with the step's own draws"
+            )
         return result
 
     # ---- first calls ----------------------------------------------------------------------------
@@ -208,17 +207,7 @@ class CapturedStep:
         if state.disabled is not None:
             self._warn(state.disabled)
             return
-        self._make_capturable()
-
-    def _make_capturable(self) -> None:
-        for optimizer in self.state.optimizers:
-            for group in optimizer.param_groups:
-                if group.get("capturable") is False:
-                    group["capturable"] = True
-                    for p in group["params"]:
-                        step = optimizer.state.get(p, {}).get("step")
-                        if torch.is_tensor(step) and step.device != p.device:
-                            optimizer.state[p]["step"] = step.to(p.device, torch.float32)
+        make_capturable(state.optimizers, state.made_capturable)
 
     def _eager(self, tensors, inputs, timed: bool = False):
         """An eager step on the side stream (as warmup must be, and so that autograd keeps one stream);
@@ -256,8 +245,7 @@ class CapturedStep:
         difference = first_difference(before, calls) if before is not None and before[0] == calls[0] else None
         state.host_values[key] = calls
         if difference is not None:
-            _drop_graphs(state, drift_reason(difference))
-            self._warn(state.disabled)
+            self._give_up(drift_reason(difference))
         return result
 
     def _gpu_bound(self) -> bool:
@@ -267,11 +255,10 @@ class CapturedStep:
         if state.load is None or state.measured is not None or capture_forced():
             return False
         state.measured = state.load.milliseconds()
-        state.disabled = gpu_bound(*state.measured, "a step")
-        if state.disabled is None:
-            return False
-        self._warn(state.disabled)
-        return True
+        why = gpu_bound(*state.measured, "a step")
+        if why is not None:
+            self._give_up(why)
+        return why is not None
 
     def _capture(self, key, tensors, inputs):
         state = self.state
@@ -280,7 +267,7 @@ class CapturedStep:
         trained = dict.fromkeys([*state.parameters, *(p for o in state.optimizers for g in o.param_groups for p in g["params"])])
         saved = save_host_state(trained, device)
         grads_before = dict(saved[-1])
-        swapped = self._use_tensor_lrs()
+        swapped = use_tensor_lrs(state.optimizers, state.lr_tensors, state.frozen, state.group_counts)
         graph = torch.cuda.CUDAGraph()
         cache = torch.is_autocast_cache_enabled()
         torch.set_autocast_cache_enabled(False)
@@ -300,11 +287,8 @@ class CapturedStep:
             if failure is None and not agreed:
                 failure = "the capture failed on another rank (captured collectives must match on every rank)"
         if failure is not None:
-            state.lr_tensors.clear()
-            state.frozen.clear()
             restore_host_state(saved)
-            state.disabled = failure
-            self._warn(failure)
+            self._give_up(failure)
             return self._eager(tensors, inputs)
         state.pool = graph.pool()
         # the gradients the graph's backward made (the buffers it writes), not ones it accumulates into or leaves
@@ -315,26 +299,6 @@ class CapturedStep:
         graph.replay()  # capture records the step without running it: this replay trains on the batch
         return static_outputs
 
-    def _use_tensor_lrs(self):
-        """During capture, optimizers that can read the learning rate from a device tensor do; each
-        optimizer's number of param groups is recorded with the first graph."""
-        state, swapped = self.state, []
-        for optimizer in state.optimizers:
-            if not any(o is optimizer for o, _ in state.group_counts):  # once: any other count drops every graph
-                state.group_counts.append((optimizer, len(optimizer.param_groups)))
-            for group in optimizer.param_groups:
-                if "capturable" in group and not torch.is_tensor(group["lr"]):
-                    lr = torch.tensor(group["lr"], dtype=torch.float32, device=group["params"][0].device)
-                    state.lr_tensors.append([group, lr, group["lr"]])
-                    swapped.append((group, group["lr"]))
-                    group["lr"] = lr
-                elif not torch.is_tensor(group["lr"]):
-                    state.frozen.append((group, "lr", group["lr"]))
-                # schedulers and callbacks may move any of these (OneCycleLR cycles betas and momentum; eps,
-                # weight decay, dampening): the graph froze them
-                state.frozen += [(group, k, v) for k, v in group.items() if k not in ("params", "lr") and _setting(v)]
-        return swapped
-
     def _forget_graphs(self) -> None:
         """A setting the graphs froze has changed: drop them, warm up and capture again with the new
         values; a setting that keeps changing leaves the step eager."""
@@ -342,17 +306,11 @@ class CapturedStep:
         state.recaptures += 1
         state.graphs, state.eager_runs, state.pool = {}, {}, None
         state.lr_tensors, state.frozen, state.group_counts = [], [], []
-        self._make_capturable()  # a param group added since (progressive unfreezing) comes with the optimizer's defaults
+        make_capturable(
+            state.optimizers, state.made_capturable
+        )  # a param group added since (progressive unfreezing) comes with the optimizer's defaults
         if state.recaptures > MAX_KEYS:
-            state.disabled = f"a setting the graph reads as a constant (learning rate, betas, momentum) changed more than {MAX_KEYS} times"
-            self._warn(state.disabled)
-
-    def _settings_unchanged(self) -> bool:
-        state = self.state
-        for optimizer, groups in state.group_counts:  # a plain loop: this runs before every replay
-            if len(optimizer.param_groups) != groups:
-                return False
-        return all(g[k] is v or g[k] == v for g, k, v in state.frozen)
+            self._give_up(f"a setting the graph reads as a constant (learning rate, betas, momentum) changed more than {MAX_KEYS} times")
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -380,16 +338,24 @@ class CapturedStep:
             s.shape == n.shape and s.dtype == n.dtype and s.device == n.device for s, n in zip(static, new)
         )
 
+    def _give_up(self, why: str) -> None:
+        """Eager for good, with one warning: the graphs dropped, and the optimizers given back the settings
+        they were built with (capturable arithmetic run eagerly is slower), unless another step still
+        captures with them."""
+        state = self.state
+        _drop_graphs(state, why)
+        state.lr_tensors, state.frozen = [], []
+        in_use = [o for states in _registry.values() for s in states if s.disabled is None for o in s.optimizers]
+        give_back(state.made_capturable, in_use)
+        self._warn(why)
+
     def _warn(self, why: str) -> None:
+        """One warning, shown at the line of the loop that called the step."""
+        level, frame = 1, sys._getframe(0)
+        while frame is not None and frame.f_locals.get("self") is self:  # this step's own frames
+            level, frame = level + 1, frame.f_back
         name = getattr(self.step, "__qualname__", "step")
-        warnings.warn(f"graphify: `{name}` runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=4)
-
-
-def _setting(value) -> bool:
-    """A number, flag or name (or a tuple of numbers, as betas): what a graph freezes and `==` compares."""
-    if isinstance(value, tuple):
-        return all(isinstance(v, numbers.Number) for v in value)
-    return value is None or isinstance(value, (numbers.Number, str))
+        warnings.warn(f"graphify: `{name}` runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=level)
 
 
 def _drop_graphs(state: _Captures, why: str) -> None:

@@ -1,0 +1,68 @@
+"""What the runtime changes on an optimizer for a capture, and gives back when the step stays eager: the
+capturable flag and where the step counts live."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from graphify.runtime import CapturedStep, GraphifyFallbackWarning
+from graphify.runtime.optimizer_settings import give_back, make_capturable, settings_unchanged, use_tensor_lrs
+
+
+def _stepped_adam(**kwargs):
+    w = torch.nn.Parameter(torch.randn(4))
+    optimizer = torch.optim.Adam([w], lr=1e-2, **kwargs)
+    if not kwargs.get("capturable"):  # a capturable step needs a GPU
+        w.grad = torch.ones(4)
+        optimizer.step()
+    return optimizer, w
+
+
+def test_a_group_made_capturable_is_given_back_as_built():
+    """(The step counts' move to the GPU and back is in test_runtime_gpu.)"""
+    optimizer, w = _stepped_adam()
+    changed: list = []
+    make_capturable([optimizer], changed)
+    assert optimizer.param_groups[0]["capturable"] is True and changed == [(optimizer, optimizer.param_groups[0])]
+    give_back(changed, in_use=[])
+    assert optimizer.param_groups[0]["capturable"] is False and changed == []
+    step = optimizer.state[w]["step"]
+    assert step.device.type == "cpu" and step.dtype == torch.float32
+
+
+def test_groups_built_capturable_and_optimizers_still_in_use_are_left_alone():
+    built_capturable, _ = _stepped_adam(capturable=True)
+    changed: list = []
+    make_capturable([built_capturable], changed)
+    assert changed == []
+    shared, _ = _stepped_adam()
+    make_capturable([shared], changed)
+    give_back(changed, in_use=[shared])  # another step still captures with it
+    assert shared.param_groups[0]["capturable"] is True
+
+
+def test_settings_a_graph_froze_are_followed():
+    optimizer, _ = _stepped_adam()
+    counts, frozen, lrs = [], [], []
+    swapped = use_tensor_lrs([optimizer], lrs, frozen, counts)
+    group = optimizer.param_groups[0]
+    assert torch.is_tensor(group["lr"]) and swapped == [(group, 1e-2)] and lrs[0][2] == 1e-2
+    group["lr"] = 1e-2
+    assert settings_unchanged(counts, frozen)
+    group["betas"] = (0.8, 0.999)
+    assert not settings_unchanged(counts, frozen)
+
+
+def test_a_step_that_gives_up_warns_once_at_the_callers_line():
+    step = CapturedStep(lambda x: x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step._give_up("a reason")  # the line the warning must point at
+    assert len(caught) == 1 and issubclass(caught[0].category, GraphifyFallbackWarning)
+    assert (
+        caught[0].filename == __file__
+        and caught[0].lineno == test_a_step_that_gives_up_warns_once_at_the_callers_line.__code__.co_firstlineno + 4
+    )
+    assert step.state.disabled == "a reason" and not step.state.graphs
