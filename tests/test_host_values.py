@@ -129,10 +129,15 @@ def test_arguments_the_recorder_cannot_read_never_stop_the_step():
 _seeds = iter(range(1000))
 
 
-@torch.library.custom_op("graphify_test::draw_seed", mutates_args=(), device_types="meta")
+@torch.library.custom_op("graphify_test::draw_seed", mutates_args=())
 def _draw_seed(x: torch.Tensor) -> torch.Tensor:
     """Stands in for attention with dropout: an operator on device tensors that returns the random seed its
     backward takes, as a small host tensor holding a new value at every call."""
+    return torch.tensor([next(_seeds)])
+
+
+@_draw_seed.register_fake
+def _(x):  # what it does on meta tensors, the stand-ins for device tensors here
     return torch.tensor([next(_seeds)])
 
 
