@@ -187,3 +187,45 @@ def test_attention_dropout_is_captured_without_a_word(monkeypatch):
     got, step, messages = run(CapturedStep)
     assert messages == [] and step.state.graphs, messages
     _assert_close(got, expected)
+
+
+def _train_epochs(wrap, epochs=4, steps=10):
+    """A loss weight read through a property that moves once per epoch, in a train() entered each epoch:
+    the warmup sees it hold still; only the epochs tell."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    schedule = _Schedule()
+    g = torch.Generator().manual_seed(1)
+
+    def train(epoch):
+        schedule.t = 10 * epoch
+
+        def train_step(x, y):
+            loss = torch.nn.functional.mse_loss(model(x), y) * schedule.weight
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+        step = wrap(train_step)
+        for _ in range(steps):
+            step(torch.randn(32, 16, generator=g).cuda(), torch.randn(32, 1, generator=g).cuda())
+        return step
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        steps_run = [train(epoch) for epoch in range(epochs)]
+    torch.cuda.synchronize()
+    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+    return [p.detach().clone() for p in model.parameters()], steps_run[-1], messages
+
+
+def test_a_value_moving_between_epochs_is_captured_again_when_the_loop_is_entered_again(monkeypatch):
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    expected = _train_epochs(lambda f: f)[0]
+    got, step, messages = _train_epochs(CapturedStep)
+    assert messages == [] and step.state.graphs and step.state.recaptures == 3, (messages, step.state.recaptures)
+    _assert_close(got, expected)
+    monkeypatch.setenv("GRAPHIFY_HOST_CHECK", "off")  # without the check the first epoch's weight is replayed
+    frozen = _train_epochs(CapturedStep)[0]
+    assert any(not torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(frozen, expected))

@@ -62,6 +62,7 @@ class _Captures:
         self.measured: tuple | None = None  # (GPU ms, host ms) of that step, once the capture decision used it
         self.recorded = False  # whether warmup calls record the host values the step hands to the GPU
         self.host_values: dict = {}  # key -> the operators' arguments of its last recorded call
+        self.recheck: set = set()  # keys whose next call runs recorded, against the record of their warmup
 
 
 _registry: dict = {}  # step code object -> _Captures of its latest bindings, newest last
@@ -78,7 +79,8 @@ class CapturedStep:
     step and replays it; later calls copy their inputs in and replay. Inputs of another shape, dtype or
     device and calls off CUDA run eagerly; calls after a setting the graph froze has changed (a float
     learning rate on an optimizer that cannot read a tensor one, betas, momentum or eps moved, a param
-    group added) capture again. Before a replay, `.grad` points at the gradients the graph writes, for
+    group added) capture again, and so do those after the loop is entered again when its first call,
+    run eagerly and recorded, hands other host values than the warmup did. Before a replay, `.grad` points at the gradients the graph writes, for
     eager code after it. A replay returns the graph's static outputs, which the next replay overwrites:
     `copy_outputs` keeps them.
     """
@@ -94,6 +96,8 @@ class CapturedStep:
             state = _Captures(bound)
             states.append(state)
             del states[:-KEPT_PER_STEP]
+        elif state.recorded:  # its loop entered again (the next epoch): each graph's next call is checked
+            state.recheck = set(state.graphs)
         self.state = state
 
     copy = staticmethod(copy_outputs)
@@ -127,6 +131,9 @@ class CapturedStep:
             if not settings_unchanged(state.group_counts, state.frozen):
                 self._forget_graphs()  # e.g. SGD's float learning rate moved by a per-epoch scheduler
                 return self.__call__(*inputs, key=key[0])
+            if key in state.recheck and self._fits(static_tensors, tensors):
+                state.recheck.discard(key)
+                return self._rechecked(key, tensors, inputs)
             if self._fits(static_tensors, tensors):
                 for static, new in zip(static_tensors, tensors):
                     static.copy_(new, non_blocking=True)
@@ -248,6 +255,18 @@ class CapturedStep:
             self._give_up(drift_reason(difference))
         return result
 
+    def _rechecked(self, key, tensors, inputs):
+        """The first call of a graph after its loop is entered again runs eagerly and recorded: a host value
+        that held still through warmup but moves between epochs (set by code the source does not show)
+        differs from the warmup's record, and the graphs are captured again with the new value."""
+        state = self.state
+        with HostValues(state.optimizers) as record:
+            result = self._eager(tensors, inputs)
+        before = state.host_values.get(key)
+        if before is not None and first_difference(before[1:], record.calls) is not None:
+            self._forget_graphs()
+        return result
+
     def _gpu_bound(self) -> bool:
         """Whether the last warmup step kept the GPU busy far longer than the host took to launch it (decided
         once, before the first capture): then a replay gains nothing and the step stays eager."""
@@ -306,11 +325,12 @@ class CapturedStep:
         state.recaptures += 1
         state.graphs, state.eager_runs, state.pool = {}, {}, None
         state.lr_tensors, state.frozen, state.group_counts = [], [], []
-        make_capturable(
-            state.optimizers, state.made_capturable
-        )  # a param group added since (progressive unfreezing) comes with the optimizer's defaults
+        # a param group added since (progressive unfreezing) comes with the optimizer's defaults
+        make_capturable(state.optimizers, state.made_capturable)
         if state.recaptures > MAX_KEYS:
-            self._give_up(f"a setting the graph reads as a constant (learning rate, betas, momentum) changed more than {MAX_KEYS} times")
+            self._give_up(
+                f"a value the graph reads as a constant (a learning rate, momentum, a host value) changed more than {MAX_KEYS} times"
+            )
 
     # ---- helpers ------------------------------------------------------------------------------
 
