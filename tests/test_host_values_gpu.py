@@ -186,7 +186,9 @@ def test_attention_dropout_is_captured_without_a_word(monkeypatch):
     expected = run(lambda f: f)[0]
     got, step, messages = run(CapturedStep)
     assert messages == [] and step.state.graphs, messages
-    _assert_close(got, expected)
+    # efficient attention's backward adds up with atomics: two eager runs part at about 1e-4 here
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=5e-4)
 
 
 def _train_epochs(wrap, epochs=4, steps=10):

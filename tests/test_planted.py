@@ -28,6 +28,16 @@ def test_the_suite_covers_the_mistakes_a_rewriter_makes():
         assert (ROOT / h["planted"]).exists() and h["manifests"] in ("cpu", "cuda") and h["bug"], path.name
 
 
+def test_runtime_parts_a_plant_replaces_still_exist():
+    """A plant that replaces a part of the runtime (a function, a method) plants nothing once that part is
+    renamed: its rewrite would then run correctly and verify would pass it, on the GPU only."""
+    import graphify.runtime.captured_step as captured_step
+
+    for path in PLANTED:
+        for owner, name in re.findall(r"^(planted_runtime|train_step)\.(\w+) = ", path.read_text(), flags=re.M):
+            assert hasattr(captured_step if owner == "planted_runtime" else captured_step.CapturedStep, name), (path.name, name)
+
+
 @pytest.mark.parametrize("path", [p for p in PLANTED if header(p)["manifests"] == "cpu"], ids=lambda p: p.stem)
 def test_planted_bug_fails_verify_on_cpu(path):
     original = ROOT / header(path)["planted"]
