@@ -191,7 +191,7 @@ def test_attention_dropout_is_captured_without_a_word(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=5e-4)
 
 
-def _train_epochs(wrap, epochs=4, steps=10):
+def _train_epochs(wrap, epochs=4, steps=140, moving=True):
     """A loss weight read through a property that moves once per epoch, in a train() entered each epoch:
     the warmup sees it hold still; only the epochs tell."""
     torch.manual_seed(0)
@@ -201,7 +201,7 @@ def _train_epochs(wrap, epochs=4, steps=10):
     g = torch.Generator().manual_seed(1)
 
     def train(epoch):
-        schedule.t = 10 * epoch
+        schedule.t = 10 * epoch if moving else 0
 
         def train_step(x, y):
             loss = torch.nn.functional.mse_loss(model(x), y) * schedule.weight
@@ -231,3 +231,63 @@ def test_a_value_moving_between_epochs_is_captured_again_when_the_loop_is_entere
     monkeypatch.setenv("GRAPHIFY_HOST_CHECK", "off")  # without the check the first epoch's weight is replayed
     frozen = _train_epochs(CapturedStep)[0]
     assert any(not torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(frozen, expected))
+
+
+def test_a_value_that_starts_moving_mid_loop_is_found_at_the_next_check_with_a_warning(monkeypatch):
+    """One long loop, never entered again: a value set once at step 60, after the capture, is found at the
+    128th replay; the step captures again with it and says that the replays before may have used the old one."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    schedule = _Schedule()
+
+    def train_step(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y) * schedule.weight
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    step = CapturedStep(train_step)
+    x, y = torch.randn(32, 16, device="cuda"), torch.randn(32, 1, device="cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(200):
+            schedule.t = 0 if i < 60 else 5
+            step(x, y)
+    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+    assert len(messages) == 1 and "captured again" in messages[0] and "moved after the capture" in messages[0], messages
+    assert "up to 127 replays" in messages[0] and step.state.recaptures == 1 and step.state.graphs
+
+
+def test_a_loop_entered_every_few_steps_is_not_checked_at_every_entry(monkeypatch):
+    """A recorded call costs many replays: 40 entries of 10 steps (an update called per rollout) check
+    at most once per 128 replays, plus the 128th, 256th, ... replay."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    checks = []
+    rechecked = CapturedStep._rechecked
+    monkeypatch.setattr(CapturedStep, "_rechecked", lambda self, *a: checks.append(a[-1]) or rechecked(self, *a))
+    got, step, messages = _train_epochs(CapturedStep, epochs=40, steps=10, moving=False)
+    assert messages == [] and step.state.graphs and step.state.recaptures == 0
+    assert 2 <= len(checks) <= 5, checks  # about 395 replays: entries at ~128 and ~256 apart, periodic at 128 and 256
+
+
+def test_a_graphed_model_reading_a_value_that_starts_moving_after_the_capture_goes_eager_at_the_next_check(monkeypatch):
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    torch.manual_seed(0)
+    model = _Tempered().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    call = GraphedModule(model)
+    x = torch.randn(32, 16, device="cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(160):
+            _STATE["temperature"] = 1.0 if i < 40 else 2.0
+            loss = call(x).logsumexp(-1).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    _STATE["temperature"] = 1.0
+    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+    assert len(messages) == 1 and "moved after the capture" in messages[0] and "replays before this call" in messages[0], messages
+    assert call.state["disabled"] is not None

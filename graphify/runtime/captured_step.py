@@ -27,7 +27,7 @@ from graphify.runtime.common import (
     tree_map,
 )
 from graphify.runtime.distributed import DDP_WARMUP, all_ranks_agree, ddp_modules, free_before_teardown
-from graphify.runtime.host_values import HostValues, compiled, drift_reason, first_difference, recording_allowed
+from graphify.runtime.host_values import RECHECK_FROM, HostValues, compiled, drift_reason, first_difference, recording_allowed
 from graphify.runtime.optimizer_settings import give_back, make_capturable, settings_unchanged, use_tensor_lrs
 from graphify.runtime.reach import bindings, inner_optimizers, referenced, same, why_not_capturable
 
@@ -62,7 +62,10 @@ class _Captures:
         self.measured: tuple | None = None  # (GPU ms, host ms) of that step, once the capture decision used it
         self.recorded = False  # whether warmup calls record the host values the step hands to the GPU
         self.host_values: dict = {}  # key -> the operators' arguments of its last recorded call
-        self.recheck: set = set()  # keys whose next call runs recorded, against the record of their warmup
+        self.recheck: set = set()  # keys checked again at their next check point: the loop was entered again
+        self.replays: dict = {}  # key -> replays since its capture
+        self.checked: dict = {}  # key -> the replay at which it was last checked (see _rechecked)
+        self.entry_checked: dict = {}  # key -> the replay at which it was last checked after a re-entry
 
 
 _registry: dict = {}  # step code object -> _Captures of its latest bindings, newest last
@@ -79,10 +82,9 @@ class CapturedStep:
     step and replays it; later calls copy their inputs in and replay. Inputs of another shape, dtype or
     device and calls off CUDA run eagerly; calls after a setting the graph froze has changed (a float
     learning rate on an optimizer that cannot read a tensor one, betas, momentum or eps moved, a param
-    group added) capture again, and so do those after the loop is entered again when its first call,
-    run eagerly and recorded, hands other host values than the warmup did. Before a replay, `.grad` points at the gradients the graph writes, for
-    eager code after it. A replay returns the graph's static outputs, which the next replay overwrites:
-    `copy_outputs` keeps them.
+    group added) capture again, as when a replay run recorded (see _rechecked) shows a host value moved.
+    Before a replay, `.grad` points at the gradients the graph writes, for eager code after it. A replay
+    returns the graph's static outputs, which the next replay overwrites: `copy_outputs` keeps them.
     """
 
     def __init__(self, step, device=None, warmup: int = WARMUP):
@@ -96,7 +98,7 @@ class CapturedStep:
             state = _Captures(bound)
             states.append(state)
             del states[:-KEPT_PER_STEP]
-        elif state.recorded:  # its loop entered again (the next epoch): each graph's next call is checked
+        elif state.recorded:  # its loop entered again (the next epoch): each graph is checked at its next chance
             state.recheck = set(state.graphs)
         self.state = state
 
@@ -131,10 +133,14 @@ class CapturedStep:
             if not settings_unchanged(state.group_counts, state.frozen):
                 self._forget_graphs()  # e.g. SGD's float learning rate moved by a per-epoch scheduler
                 return self.__call__(*inputs, key=key[0])
-            if key in state.recheck and self._fits(static_tensors, tensors):
-                state.recheck.discard(key)
-                return self._rechecked(key, tensors, inputs)
             if self._fits(static_tensors, tensors):
+                n = state.replays[key] = state.replays.get(key, 0) + 1
+                entered = False
+                if key in state.recheck:  # its first replay since the loop was entered again
+                    state.recheck.discard(key)
+                    entered = n - state.entry_checked.get(key, 0) >= RECHECK_FROM
+                if state.recorded and (entered or (n >= RECHECK_FROM and not n & (n - 1))):
+                    return self._rechecked(key, tensors, inputs, entered)
                 for static, new in zip(static_tensors, tensors):
                     static.copy_(new, non_blocking=True)
                 for entry in state.lr_tensors:
@@ -255,15 +261,25 @@ class CapturedStep:
             self._give_up(drift_reason(difference))
         return result
 
-    def _rechecked(self, key, tensors, inputs):
-        """The first call of a graph after its loop is entered again runs eagerly and recorded: a host value
-        that held still through warmup but moves between epochs (set by code the source does not show)
-        differs from the warmup's record, and the graphs are captured again with the new value."""
+    def _rechecked(self, key, tensors, inputs, entered: bool):
+        """A replay run eagerly and recorded instead, against its warmup's record: the first replay after
+        the loop is entered again (the next epoch) if 128 replays have run since the last such check (a
+        recorded call costs many replays), and the 128th, 256th, 512th, ... replay. A host value that moved
+        since warmup (a per-epoch value set by code the source does not show) makes the step capture again
+        with it; with one warning unless found on entering the loop (replays before may have used the old)."""
         state = self.state
+        n, last = state.replays[key], state.checked.get(key, 0)
+        state.checked[key] = n
+        if entered:
+            state.entry_checked[key] = n
         with HostValues(state.optimizers) as record:
             result = self._eager(tensors, inputs)
         before = state.host_values.get(key)
-        if before is not None and first_difference(before[1:], record.calls) is not None:
+        difference = first_difference(before[1:], record.calls) if before is not None else None
+        if difference is not None:
+            if not entered:
+                why = f"a host value the step hands to the GPU moved after the capture ({difference})"
+                self._warn(f"{why}; up to {n - last - 1} replays before this call may have used the old value", "captured again")
             self._forget_graphs()
         return result
 
@@ -324,6 +340,7 @@ class CapturedStep:
         state = self.state
         state.recaptures += 1
         state.graphs, state.eager_runs, state.pool = {}, {}, None
+        state.replays, state.checked, state.entry_checked = {}, {}, {}
         state.lr_tensors, state.frozen, state.group_counts = [], [], []
         # a param group added since (progressive unfreezing) comes with the optimizer's defaults
         make_capturable(state.optimizers, state.made_capturable)
@@ -369,13 +386,13 @@ class CapturedStep:
         give_back(state.made_capturable, in_use)
         self._warn(why)
 
-    def _warn(self, why: str) -> None:
+    def _warn(self, why: str, outcome: str = "runs eagerly") -> None:
         """One warning, shown at the line of the loop that called the step."""
         level, frame = 1, sys._getframe(0)
         while frame is not None and frame.f_locals.get("self") is self:  # this step's own frames
             level, frame = level + 1, frame.f_back
         name = getattr(self.step, "__qualname__", "step")
-        warnings.warn(f"graphify: `{name}` runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=level)
+        warnings.warn(f"graphify: `{name}` {outcome}: {why}", GraphifyFallbackWarning, stacklevel=level)
 
 
 def _drop_graphs(state: _Captures, why: str) -> None:

@@ -22,7 +22,7 @@ from graphify.runtime.common import (
     side_stream,
     tree_map,
 )
-from graphify.runtime.host_values import HostValues, compiled, drift_reason, first_difference, recording_allowed
+from graphify.runtime.host_values import RECHECK_FROM, HostValues, compiled, drift_reason, first_difference, recording_allowed
 from graphify.runtime.reach import why_not_capturable
 
 _graphed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its graphed callable state
@@ -80,7 +80,13 @@ class GraphedModule:
                 "trained": [],  # those that required grad at capture: the graphed callable's last inputs
                 "recorded": None,  # whether warmup calls record the host values the forward hands to the GPU
                 "host_values": {},  # signature -> the operators' arguments of its last recorded call
+                "replays": 0,  # since the capture
+                "checked": 0,  # the replay at which it was last checked (see _rechecked)
+                "entry_checked": 0,  # the replay at which it was last checked after being wrapped again
+                "recheck": False,  # checked at its next chance: the model was wrapped again (its loop entered again)
             }
+        elif _graphed[module]["recorded"]:
+            _graphed[module]["recheck"] = True
         self.state = _graphed[module]
 
     def __call__(self, *inputs, **constants):
@@ -122,6 +128,11 @@ class GraphedModule:
             state["signature"] = signature
         if signature != state["signature"] or state["awaiting_backward"]:
             return self.module(*inputs, **constants)
+        n = state["replays"] = state["replays"] + 1
+        entered = state["recheck"] and n - state["entry_checked"] >= RECHECK_FROM
+        state["recheck"] = False  # only the first replay since the model was wrapped again
+        if state["recorded"] and (entered or (n >= RECHECK_FROM and not n & (n - 1))):
+            return self._rechecked(signature, inputs, constants, entered)
         self._unshare_gradients()
         outputs = tree_map(torch.Tensor.clone, state["graphed"](*inputs, *state["trained"]))
         self._await_backward(outputs, "awaiting_backward")
@@ -138,6 +149,27 @@ class GraphedModule:
         state["host_values"][signature] = record.calls
         if difference is not None:
             state["disabled"] = drift_reason(difference).replace("the step hands", "the forward hands")
+            warnings.warn(f"graphify: the model runs eagerly: {state['disabled']}", GraphifyFallbackWarning, stacklevel=3)
+        return outputs
+
+    def _rechecked(self, signature, inputs, constants, entered: bool):
+        """A replay run eagerly and recorded instead, against the warmup's record, on CapturedStep's schedule
+        (the first replay after the model is wrapped again, if 128 replays have run since the last such
+        check, and the 128th, 256th, 512th, ... replay). A host value that moved since the capture (set per epoch by
+        code the source does not show) leaves the model eager for good, with a warning that says how many
+        replays may have used the old value (none, at a re-entry)."""
+        state = self.state
+        n, last = state["replays"], state["checked"]
+        state["checked"] = n
+        if entered:
+            state["entry_checked"] = n
+        with HostValues() as record:
+            outputs = self.module(*inputs, **constants)
+        before = state["host_values"].get(signature)
+        difference = first_difference(before, record.calls) if before is not None else None
+        if difference is not None:
+            stale = f"; up to {n - last - 1} replays before this call may have used the old value" if not entered else ""
+            state["disabled"] = f"a host value the forward hands to the GPU moved after the capture ({difference}){stale}"
             warnings.warn(f"graphify: the model runs eagerly: {state['disabled']}", GraphifyFallbackWarning, stacklevel=3)
         return outputs
 

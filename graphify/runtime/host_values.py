@@ -16,6 +16,7 @@ import os
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+RECHECK_FROM = 128  # replays between two checks of a graph on entering its loop; the first periodic check
 SMALL_HOST_TENSOR = 16  # elements: a host tensor this small handed to an operator is a value, recorded
 
 
