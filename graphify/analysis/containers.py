@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from graphify.analysis.names import dotted
 from graphify.analysis.scope import target_names
 
 # exact types (analysis/tree.py says why)
@@ -60,3 +61,14 @@ def _assign(env, verdicts: dict[str, bool | None]) -> None:
         env.hosts.discard(name)
         if verdict is not None:
             (env.tensors if verdict else env.hosts).add(name)
+
+
+_CONTAINER_MAKERS = frozenset(("list", "dict", "set", "deque", "defaultdict", "OrderedDict", "Counter"))
+
+
+def makes_container(value: cst.BaseExpression) -> bool:
+    """A list, dict, set or deque made here: a literal, a comprehension or a constructor call (`deque()`,
+    `collections.defaultdict(list)`)."""
+    if isinstance(value, (cst.List, cst.Dict, cst.Set, cst.ListComp, cst.DictComp, cst.SetComp)):
+        return True
+    return isinstance(value, cst.Call) and (dotted(value.func) or "").rsplit(".", 1)[-1] in _CONTAINER_MAKERS

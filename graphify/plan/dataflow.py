@@ -14,6 +14,7 @@ from __future__ import annotations
 import libcst as cst
 
 from graphify.analysis.checker import is_logging_call
+from graphify.analysis.containers import makes_container
 from graphify.analysis.region import Site
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import is_host_read_call, names_read, names_written, walk
@@ -208,21 +209,13 @@ def attribute_targets(node):
 _REMOVING = {"pop", "remove", "clear", "insert", "popleft", "appendleft"}
 
 
-_CONTAINER_MAKERS = {"list", "dict", "set", "deque", "defaultdict", "OrderedDict", "Counter"}
-
-
 def _outer_container(receiver: cst.BaseExpression, env, made_in_step: set[str]) -> bool:
     """A list, dict, set or deque the loop body's captured statements fill (`preds.append(model(x))`) but
     did not make: capture runs the call once, and replays add nothing."""
     name = receiver.value if isinstance(receiver, cst.Name) else None
     if name is None or name in made_in_step:
         return False
-    for value in env.values_of(name):
-        if isinstance(value, (cst.List, cst.Dict, cst.Set, cst.ListComp, cst.DictComp, cst.SetComp)):
-            return True
-        if isinstance(value, cst.Call) and (dotted(value.func) or "").rsplit(".", 1)[-1] in _CONTAINER_MAKERS:
-            return True
-    return False
+    return any(makes_container(value) for value in env.values_of(name))
 
 
 def _outer_receiver(receiver: cst.BaseExpression, site: Site) -> bool:

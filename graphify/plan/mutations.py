@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from graphify.analysis.containers import makes_container
 from graphify.analysis.names import class_made, dotted
 from graphify.analysis.tree import descendants
 from graphify.analysis.vocabulary import OPTIMIZER, SCHEDULER
@@ -20,7 +21,6 @@ from graphify.rules.rewrite_safety import MUTATED_STATE
 
 
 # methods of dicts, lists and deques that change the container in place
-_CONTAINER_TYPES = {"dict", "list", "deque", "defaultdict", "OrderedDict"}
 _MUTATORS = {"update", "setdefault", "pop", "popitem", "clear", "append", "extend", "insert", "remove", "appendleft", "extendleft"}
 _ARRAY_MUTATORS = {"fill", "put", "sort", "itemset"}  # a numpy array's in-place methods (host memory a capture would freeze)
 
@@ -205,7 +205,7 @@ def _changed_by_call(call: cst.Call, loop, local: list[cst.FunctionDef]) -> list
     if callee is None:
         return []
     # containers it makes itself (`images = []`) are its own; the optimizer's settings the runtime follows
-    made = {t for n in walk(callee.body) if isinstance(n, cst.Assign) and _is_container(n.value) for t in names_written(n)}
+    made = {t for n in walk(callee.body) if isinstance(n, cst.Assign) and makes_container(n.value) for t in names_written(n)}
     changed = [c for node in walk(callee.body) for c in _changed_chains(node, set(), loop) if (c or "").split(".")[0] not in made]
     env = loop.region.body_block.env
     if not changed or any(env.kind_of(a.value) in (OPTIMIZER, SCHEDULER) for a in call.args):
@@ -299,14 +299,7 @@ def _plain_container(name: str, loop) -> bool:
     `update()` (a GradScaler's, a meter's) is their own business, judged by the rules that know them."""
     values = loop.func.scope.values.get(name) or loop.module.scope.values.get(name)
     return bool(values) and all(
-        _is_container(v) or (isinstance(v, cst.Call) and (dotted(v.func) or "").split(".", 1)[0] in ("np", "numpy")) for v in values
-    )
-
-
-def _is_container(value: cst.BaseExpression) -> bool:
-    """A dict, list or deque: a literal, a comprehension or its constructor."""
-    return isinstance(value, (cst.Dict, cst.List, cst.DictComp, cst.ListComp)) or (
-        isinstance(value, cst.Call) and (dotted(value.func) or "").rsplit(".", 1)[-1] in _CONTAINER_TYPES
+        makes_container(v) or (isinstance(v, cst.Call) and (dotted(v.func) or "").split(".", 1)[0] in ("np", "numpy")) for v in values
     )
 
 
@@ -326,7 +319,7 @@ def _container_attribute(chain: str, loop) -> bool:
         for n in descendants(loop.module.classes[name])
         if isinstance(n, cst.Assign) and any(isinstance(t.target, cst.Attribute) and dotted(t.target) == f"self.{attr}" for t in n.targets)
     ]
-    return bool(bound) and all(_is_container(v) for v in bound)
+    return bool(bound) and all(makes_container(v) for v in bound)
 
 
 def _in_loop_scope(chain: str | None, site, region) -> str | None:
