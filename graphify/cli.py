@@ -98,6 +98,8 @@ def check(
     from graphify.config import ConfigError, load_settings, load_settings_from, split_selectors
 
     paths = paths or (".",)
+    if output_file and os.path.isfile(output_file) and output_file.endswith((".py", ".pyi", ".ipynb")):
+        raise click.UsageError(f"-o {output_file}: that is a source file; the report would overwrite it")
     if statistics and fmt not in ("text", "json"):
         raise click.UsageError(f"--statistics prints text or json, not {fmt}")
     try:

@@ -11,6 +11,7 @@ import libcst as cst
 from graphify.analysis.checker import Checker, Finding, code_of, removable
 from graphify.analysis.discovery import ModuleAnalysis
 from graphify.analysis.region import Loop
+from graphify.analysis.rewritten import in_pasted_runtime, is_vendored_runtime
 from graphify.analysis.statements import contains, walk
 from graphify.analysis.prefilter import might_hold_loops
 from graphify.analysis.program import ModuleInfo, Program
@@ -72,7 +73,7 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
     from graphify.suppressions import parse_suppressions
 
     report = Report(files_checked=1)
-    if not might_hold_loops(source):
+    if not might_hold_loops(source) or is_vendored_runtime(source):
         return ModuleResult(None, [], report)
     try:
         tree = cst.parse_module(source)
@@ -85,6 +86,8 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
     suppressions: dict[str, object] = {}
     results = []
     for loop in ModuleAnalysis(module).loops():
+        if in_pasted_runtime(loop.ancestors):
+            continue
         analysis = LoopAnalysis(loop)
         if loop.by_hand:  # the script captures this step itself: nothing to flag, nothing to rewrite
             analysis.verdict = Verdict.ALREADY_CAPTURED

@@ -50,3 +50,27 @@ def test_a_training_loop_left_unchanged_says_why_its_model_is_not_graphed_alone_
     result = CliRunner().invoke(cli.cli, ["rewrite", str(trap)])
     note = next(line for line in result.stderr.splitlines() if "left unchanged" in line)
     assert "not-capturable (GFY702); the model is not graphed alone either: the model's forward itself would be captured" in note
+
+
+def test_a_symbolic_link_stays_a_link_and_hard_links_all_see_the_rewrite(tmp_path):
+    target = tmp_path / "real.py"
+    target.write_text(FIXTURE.read_text())
+    link = tmp_path / "train.py"
+    link.symlink_to(target)
+    assert CliRunner().invoke(cli.cli, ["rewrite", "--in-place", str(link)]).exit_code == 1
+    assert link.is_symlink() and "CapturedStep" in target.read_text()
+    first = tmp_path / "first.py"
+    first.write_text(FIXTURE.read_text())
+    second = tmp_path / "second.py"
+    os.link(first, second)
+    assert CliRunner().invoke(cli.cli, ["rewrite", "--in-place", str(first)]).exit_code == 1
+    assert os.path.samefile(first, second) and "CapturedStep" in second.read_text()
+    assert not list(tmp_path.glob(".graphify-*"))
+
+
+def test_the_report_never_overwrites_a_source_file(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(FIXTURE.read_text())
+    result = CliRunner().invoke(cli.cli, ["check", "-o", str(path), str(path)])
+    assert result.exit_code == 2 and "that is a source file" in result.output
+    assert path.read_text() == FIXTURE.read_text()

@@ -100,6 +100,34 @@ def test_vendor_path_must_be_a_module_file(tmp_path, monkeypatch, path):
     assert result.exit_code == 2 and "--vendor-path must name a Python module file" in result.output
 
 
+def test_vendor_never_overwrites_a_file_of_the_users_and_rewrites_no_script_it_cannot_serve(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(SCRIPT.read_text())
+    (tmp_path / "helpers.py").write_text("def mine():\n    return 1\n")
+    taken = run("rewrite", "--runtime", "vendor", "--vendor-path", "helpers.py", "--in-place", "train.py")
+    assert taken.exit_code == 2 and "a file of yours is there" in taken.stderr
+    assert (tmp_path / "helpers.py").read_text() == "def mine():\n    return 1\n"
+    assert (tmp_path / "train.py").read_text() == SCRIPT.read_text()
+    nowhere = run("rewrite", "--runtime", "vendor", "--vendor-path", "missing/rt.py", "--in-place", "train.py")
+    assert nowhere.exit_code == 2 and "cannot write the vendored runtime there" in nowhere.stderr
+    assert (tmp_path / "train.py").read_text() == SCRIPT.read_text()
+
+
+@pytest.mark.parametrize("mode", ["inline", "vendor"])
+def test_check_leaves_graphifys_own_runtime_alone(tmp_path, monkeypatch, mode):
+    """The pasted or vendored runtime is not the user's code: `check` (and its pre-commit hook) reports the
+    rewritten script as it reports one that imports the runtime."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("train.py", "imported.py"):
+        (tmp_path / name).write_text(SCRIPT.read_text())
+    assert run("rewrite", "--runtime", mode, "--in-place", "train.py").exit_code == 1
+    assert run("rewrite", "--in-place", "imported.py").exit_code == 1
+    checked = run("check", "--format", "json", *(["graphify_runtime.py"] if mode == "vendor" else []), "train.py")
+    expected = run("check", "--format", "json", "imported.py")
+    assert checked.stdout.replace("train.py", "imported.py").count('"code"') == expected.stdout.count('"code"')
+    assert "graphify_runtime.py" not in checked.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["inline", "vendor"])
 def test_rewrite_runs_without_graphify_installed(tmp_path, mode):

@@ -9,6 +9,18 @@ from graphify.analysis.program import ModuleInfo
 
 # What rewrites call, imported from graphify.runtime, from a vendored copy, or pasted inline.
 RUNTIME_HELPERS = ("CapturedStep", "GraphedModule")
+INLINE_FUNCTION = "_graphify_runtime"  # the function a runtime pasted into a file lives in
+VENDOR_MARK = '"""graphify runtime '  # how a vendored runtime module (of any version) starts
+
+
+def is_vendored_runtime(source: str) -> bool:
+    """graphify's own runtime, written for a project: not the user's code to check."""
+    return source.lstrip("\ufeff").startswith(VENDOR_MARK)
+
+
+def in_pasted_runtime(ancestors) -> bool:
+    """Inside the runtime `--runtime inline` pasted into the file: not the user's code to check."""
+    return any(isinstance(a, cst.FunctionDef) and a.name.value == INLINE_FUNCTION for a in ancestors)
 
 
 def runtime_helper_assignments(module: ModuleInfo) -> list[tuple[str, cst.BaseExpression | None]]:

@@ -42,7 +42,7 @@ def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore, 
     """
     from graphify.config import ConfigError, load_settings, split_selectors
     from graphify.files import discover, named_files
-    from graphify.commands.rewrite_files import rewrite_files, vendor_runtime
+    from graphify.commands.rewrite_files import rewrite_files, vendor_runtime, vendor_target_problem
     from graphify.rewrite.bundle import RuntimeChoice
 
     if verify and not in_place:
@@ -58,7 +58,11 @@ def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore, 
         click.echo(f"graphify: error: {exc}", err=True)
         sys.exit(2)
     files, errors = discover(paths, settings, force_exclude=force_exclude)
-    checker = None
+    problem = vendor_target_problem(vendor_path) if runtime == "vendor" and in_place and not check_only else None
+    if problem:  # before any script is rewritten to import a runtime that would not be there
+        click.echo(f"graphify: error: {problem}", err=True)
+        sys.exit(2)
+    checker, vendor_failed = None, False
     if verify:
         from graphify.verify import verify_file
 
@@ -71,7 +75,11 @@ def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore, 
             files, settings, in_place=in_place, check_only=check_only, verify=checker, runtime=choice, named=named_files(paths)
         )
         if runtime == "vendor" and (run.changed or os.path.exists(vendor_path)) and not check_only:
-            run.notes.append(vendor_runtime(vendor_path, write=in_place))
+            try:
+                run.notes.append(vendor_runtime(vendor_path, write=in_place))
+            except OSError as exc:
+                run.notes.append(f"graphify: error: {exc}")
+                vendor_failed = True
     except Exception as exc:  # a bug of ours: one line, not a traceback
         if os.environ.get("GRAPHIFY_DEBUG"):
             raise
@@ -85,7 +93,7 @@ def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore, 
         click.echo(f"graphify: {e.path}: {e.message}", err=True)
     for e in run.errors:
         click.echo(f"graphify: {e}", err=True)
-    sys.exit(2 if errors else run.exit_code)
+    sys.exit(2 if errors or vendor_failed else run.exit_code)
 
 
 def register(group: click.Group) -> None:

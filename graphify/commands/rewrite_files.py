@@ -19,7 +19,7 @@ from graphify.files import SourceError, is_notebook, python_syntax_error, read_s
 from graphify.model import Report
 from graphify.notebooks import CellSpanError, read_notebook
 from graphify.rewrite import RewriteResult, rewrite_source
-from graphify.rewrite.bundle import RuntimeChoice, vendor_code
+from graphify.rewrite.bundle import VENDOR_MARK, RuntimeChoice, vendor_code
 
 
 @dataclass
@@ -62,18 +62,41 @@ def unified_diff(path: str, before: str, after: str) -> str:
     return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{path}", f"b/{path}"))
 
 
+def vendor_target_problem(path: str) -> str | None:
+    """Why the vendored runtime cannot be written at `path`, checked before any script is rewritten to
+    import it: a file there that is not a graphify runtime (never overwritten), or a place not writable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            head = f.read(len(VENDOR_MARK))
+    except FileNotFoundError:
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            return f"{path}: cannot write the vendored runtime there (no such folder, or not writable)"
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{path}: could not read it: {getattr(e, 'strerror', None) or e}"
+    if head != VENDOR_MARK:
+        return f"{path}: a file of yours is there, not a graphify runtime; name another --vendor-path"
+    if not os.access(path, os.W_OK) or not os.stat(path).st_mode & 0o222:
+        return f"{path}: the vendored runtime there is read-only"
+    return None
+
+
 def vendor_runtime(path: str, write: bool) -> str:
-    """Write (or say it would write) the project's copy of the runtime; a copy that is current stays."""
+    """Write (or say it would write) the project's copy of the runtime; a copy that is current stays.
+    OSError (its message one line) when it cannot be read or written, or a file of the user's is there."""
     code = vendor_code()
     try:
         with open(path, encoding="utf-8") as f:
             current = f.read()
     except FileNotFoundError:
         current = None
-    except OSError as e:
-        return f"{path}: could not read the vendored runtime: {e.strerror or e}"
+    except (OSError, UnicodeDecodeError) as e:
+        raise OSError(f"{path}: could not read the vendored runtime: {getattr(e, 'strerror', None) or e}") from None
     if current == code:
         return f"{path}: the vendored runtime is current"
+    if current is not None and not current.startswith(VENDOR_MARK):
+        raise OSError(f"{path}: a file of yours is there, not a graphify runtime; name another --vendor-path")
     what = "wrote" if write else "would write"
     if not write:
         return f"{path}: {what} the vendored runtime (graphify.runtime as one module)"
@@ -84,7 +107,7 @@ def vendor_runtime(path: str, write: bool) -> str:
         else:
             write_atomically(path, code)
     except OSError as e:
-        return f"{path}: could not write the vendored runtime: {e.strerror or e}"
+        raise OSError(f"{path}: could not write the vendored runtime: {e.strerror or e}") from None
     return f"{path}: {what} the vendored runtime (graphify.runtime as one module)"
 
 
@@ -95,7 +118,10 @@ def _ended(cell: str) -> str:
 
 def write_atomically(path: str, text: str) -> None:
     """Replace the file in one step, in its own encoding, with its permissions and owner; never
-    half-written, and never a file the user may not write (a read-only file stays as it is)."""
+    half-written, and never a file the user may not write (a read-only file stays as it is). A symbolic
+    link stays a link (its target is rewritten); a file with other hard links is written over in place,
+    after the new text is safely on disk beside it, so that every link sees it."""
+    path = os.path.realpath(path)
     if not os.access(path, os.W_OK) or not os.stat(path).st_mode & 0o222:  # root may write anything: go by the mode too
         raise PermissionError(13, "the file is read-only")
     with open(path, "rb") as f:
@@ -115,7 +141,12 @@ def write_atomically(path: str, text: str) -> None:
                 os.chown(tmp, st.st_uid, st.st_gid)
             except PermissionError:  # we may not give the file away: keep it, unwritten, rather than change its owner
                 raise PermissionError(1, "its owner could not be kept") from None
-        os.replace(tmp, path)
+        if st.st_nlink > 1:
+            with open(path, "wb") as f:
+                f.write(data)
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import libcst as cst
 
+from graphify.analysis.rewritten import INLINE_FUNCTION, VENDOR_MARK  # noqa: F401 - VENDOR_MARK: for the commands
+
 RUNTIME_CLASSES = ("CapturedStep", "GraphedModule", "build_on_capture_stream")  # what rewritten files use
-INLINE_FUNCTION = "_graphify_runtime"
 
 RUNTIME_DIR = Path(__file__).resolve().parents[1] / "runtime"
 _ORDER = (
