@@ -123,7 +123,9 @@ def read_notebook(path: str, text: str | None = None) -> Notebook:
     raw, python, starts, line = [], [], [], 1
     for number, index in enumerate(indexes, 1):
         source = data["cells"][index].get("source", "")
-        code = "".join(source) if isinstance(source, list) else str(source)
+        if not (isinstance(source, str) or (isinstance(source, list) and all(isinstance(s, str) for s in source))):
+            raise SourceError(f"not a valid notebook: code cell {number}'s `source` is not text or a list of lines")
+        code = "".join(source) if isinstance(source, list) else source
         lines = code.splitlines(keepends=True)
         if lines and not lines[-1].endswith(("\n", "\r")):
             lines[-1] += "\n"

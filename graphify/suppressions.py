@@ -24,7 +24,8 @@ import io
 import re
 import tokenize
 
-_DIRECTIVE = re.compile(r"#\s*graphify:\s*ignore\b(?!-)(?:\s*\[([^\]]*)\])?")
+# an unclosed `ignore[` suppresses nothing: read as bare, it would silence every rule on the line
+_DIRECTIVE = re.compile(r"#\s*graphify:\s*ignore\b(?!-)(?:\s*\[([^\]\n]*)\]|(?!\s*\[))")
 _NOQA = re.compile(r"#\s*noqa\s*:\s*([A-Za-z0-9_, ]+)", re.I)
 _NOQA_GFY = re.compile(r"noqa\s*:[^\n]*GFY", re.I)  # a cheap test before tokenizing
 _FILE = re.compile(r"#\s*graphify:\s*ignore-file\b")

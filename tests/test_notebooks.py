@@ -212,3 +212,15 @@ def test_outputs_do_not_count_against_the_size_limit(tmp_path):
     big.write_text(json.dumps(data, indent=1))
     result = run("check", "--format", "json", str(big))
     assert result.exit_code == 1 and json.loads(result.stdout)["errors"] == []
+
+
+@pytest.mark.parametrize("source", [[1, 2], 123, None])
+def test_a_code_cell_whose_source_is_not_text_is_one_line_for_its_file_and_the_run_goes_on(tmp_path, source):
+    bad = tmp_path / "bad.ipynb"
+    bad.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "source": source}], "nbformat": 4}))
+    good = tmp_path / "good.py"
+    good.write_text("x = 1\n")
+    for command in ("check", "rewrite"):
+        result = CliRunner().invoke(cli.cli, [command, str(bad), str(good)])
+        assert result.exit_code == 2 and "internal error" not in result.output, result.output
+        assert f"{bad}: not a valid notebook: code cell 1's `source` is not text or a list of lines" in result.stderr

@@ -44,6 +44,12 @@ def test_empty_brackets_suppress_nothing():
     assert not s.suppressed("GFY001", 1)
 
 
+def test_unclosed_brackets_suppress_nothing():
+    """Read as a bare ignore, a half-typed list would silence every rule on its line."""
+    s = sup("x = a.item()  # graphify: ignore[GFY001\ny = a.item()  # graphify: ignore[\n")
+    assert not s.suppressed("GFY001", 1) and not s.suppressed("GFY001", 2)
+
+
 def test_own_line_comment_applies_to_next_code_line():
     s = sup("""
         for x in loader:
