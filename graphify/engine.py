@@ -15,7 +15,7 @@ from graphify.analysis.rewritten import in_pasted_runtime, is_vendored_runtime
 from graphify.analysis.statements import contains, walk
 from graphify.analysis.prefilter import might_hold_loops
 from graphify.analysis.program import ModuleInfo, Program
-from graphify.analysis.tree import children, forget
+from graphify.analysis.tree import children, forget, nested_too_deep
 from graphify.files import python_syntax_error
 from graphify.model import Diagnostic, FileError, LoopReport, Report, Verdict
 from graphify.plan import PartialPlan, Plan, Refusal, make_partial_plan, make_plan
@@ -63,9 +63,15 @@ def _collector_paused():
         gc.enable()
 
 
+TOO_DEEP = "nested too deeply to analyse (an expression or block beyond Python's recursion limit)"
+
+
 def analyze_module(source: str, path: str, settings, program: Program | None = None) -> ModuleResult:
     with _collector_paused():
-        return _analyze_module(source, path, settings, program)
+        try:
+            return _analyze_module(source, path, settings, program)
+        except RecursionError:
+            return ModuleResult(None, [], Report(files_checked=1, errors=[FileError(path, TOO_DEEP)]))
 
 
 def _analyze_module(source: str, path: str, settings, program: Program | None) -> ModuleResult:
@@ -74,6 +80,9 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
 
     report = Report(files_checked=1)
     if not might_hold_loops(source) or is_vendored_runtime(source):
+        return ModuleResult(None, [], report)
+    if nested_too_deep(source):  # libcst's native parser would overflow the C stack (a crash, not an error)
+        report.errors.append(FileError(path, TOO_DEEP))
         return ModuleResult(None, [], report)
     try:
         tree = cst.parse_module(source)

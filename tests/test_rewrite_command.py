@@ -74,3 +74,13 @@ def test_the_report_never_overwrites_a_source_file(tmp_path):
     result = CliRunner().invoke(cli.cli, ["check", "-o", str(path), str(path)])
     assert result.exit_code == 2 and "that is a source file" in result.output
     assert path.read_text() == FIXTURE.read_text()
+
+
+def test_code_nested_beyond_the_recursion_limit_is_one_line_for_its_file(tmp_path):
+    deep = tmp_path / "deep.py"
+    body = FIXTURE.read_text().replace("    for epoch in", "    z = loss" + ".relu()" * 6000 + "\n    for epoch in", 1)
+    deep.write_text(body)
+    for command in ("check", "rewrite"):
+        result = CliRunner().invoke(cli.cli, [command, str(deep)])
+        assert result.exit_code == 2 and "internal error" not in result.output, result.output
+        assert f"{deep}: nested too deeply to analyse" in result.stderr

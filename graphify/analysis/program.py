@@ -11,7 +11,7 @@ from libcst.metadata import CodeRange
 
 from graphify.analysis.names import Aliases
 from graphify.analysis.positions import Positions
-from graphify.analysis.tree import children
+from graphify.analysis.tree import children, nested_too_deep
 from graphify.analysis.scope import Scope, collect_scope, forget_before_conversions
 from graphify.analysis.values import Env
 
@@ -191,6 +191,8 @@ class Program:
                 return None
             with open(path, encoding="utf-8") as f:
                 source = f.read()
+            if nested_too_deep(source):
+                return None
             tree = cst.parse_module(source)
         except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
             return None

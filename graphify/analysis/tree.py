@@ -9,6 +9,8 @@ has a subclass (tests/test_libcst_assumptions.py), so the answers are the same."
 
 from __future__ import annotations
 
+import ast
+
 import dataclasses
 
 import libcst as cst
@@ -120,3 +122,16 @@ def descendants(node: cst.CSTNode):
         n = stack.pop()
         yield n
         stack.extend(children(n))
+
+
+def nested_too_deep(source: str) -> bool:
+    """Whether Python's own parser, which guards its depth, finds the code nested beyond its limit: run
+    before libcst's native parser, which would overflow the C stack there (a crash, not an error). A
+    syntax error is left to libcst, whose message says more (and which reads newer syntax)."""
+    try:
+        compile(source, "<graphify>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except (RecursionError, MemoryError):
+        return True
+    except Exception:  # noqa: BLE001 - SyntaxError, ValueError (NUL bytes): libcst reports them
+        return False
+    return False

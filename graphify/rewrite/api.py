@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from graphify.engine import analyze_module
+from graphify.engine import TOO_DEEP, analyze_module
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import names_written, walk
 from graphify.model import FileError, Verdict
@@ -48,6 +48,13 @@ class RewriteResult:
 def rewrite_source(source: str, path: str, settings=None, runtime: RuntimeChoice = RuntimeChoice()) -> RewriteResult:
     """Rewrite every eligible loop of one file, bringing the runtime in as `runtime` says. Never raises
     for bad input; never returns code that does not parse."""
+    try:
+        return _rewrite_source(source, path, settings, runtime)
+    except RecursionError:
+        return RewriteResult(path, source, source, errors=[FileError(path, TOO_DEEP)])
+
+
+def _rewrite_source(source: str, path: str, settings, runtime: RuntimeChoice) -> RewriteResult:
     if settings is None:
         from graphify.config import Settings
 
