@@ -160,7 +160,7 @@ def _check(paths, settings, fmt, exit_zero, statistics, jobs, force_exclude, out
             report.extend(analyze_files(files, settings, analyzer, jobs))
             report.errors.extend(_syntax_errors(named_files(paths), report))
         if stdin:
-            report.extend(analyze_file(stdin_filename or "-", settings, analyzer, text=sys.stdin.read()))
+            report.extend(_analyze_stdin(stdin_filename or "-", settings, analyzer))
     report.errors.sort(key=lambda e: e.path)
 
     output.write(render(report, fmt, color=output.colored(fmt, statistics), statistics=statistics))
@@ -169,6 +169,20 @@ def _check(paths, settings, fmt, exit_zero, statistics, jobs, force_exclude, out
     if report.errors:
         return 2
     return 1 if report.diagnostics and not exit_zero else 0
+
+
+def _analyze_stdin(name: str, settings, analyzer) -> Report:
+    """Standard input read as a file is: its bytes decoded as Python decodes source (a coding cookie, a
+    BOM, else UTF-8), NUL bytes and oversize refused."""
+    from graphify.files import MAX_BYTES, SourceError, is_notebook, source_from_bytes
+    from graphify.model import FileError, Report
+
+    data = sys.stdin.buffer.read(MAX_BYTES + 1)
+    try:
+        text = data.decode("utf-8") if is_notebook(name) else source_from_bytes(data)
+    except (SourceError, UnicodeDecodeError) as exc:
+        return Report(errors=[FileError(name, getattr(exc, "message", None) or f"cannot decode standard input: {exc.reason}")])
+    return analyze_file(name, settings, analyzer, text=text)
 
 
 def _syntax_errors(named: set[str], report: Report) -> list[FileError]:

@@ -55,6 +55,11 @@ def read_source(path: str, max_bytes: int = MAX_BYTES) -> str:
         raise
     except OSError as exc:
         raise SourceError(os_error_message(exc)) from None
+    return source_from_bytes(data, max_bytes)
+
+
+def source_from_bytes(data: bytes, max_bytes: int = MAX_BYTES) -> str:
+    """Bytes read from a file or standard input (at most max_bytes + 1 of them) as Python source."""
     if len(data) > max_bytes:  # grew while we read it, or a special file that reports no size
         raise SourceError(f"file too large (over {max_bytes // 1024 // 1024} MB)")
     if b"\0" in data:

@@ -377,6 +377,17 @@ def test_stdin_is_checked_under_its_given_name(project):
     assert result.stdout.startswith("train.py:")
 
 
+def test_stdin_is_decoded_as_a_file_is(project):
+    """Its bytes, not the terminal's text: a coding cookie is honoured, and undecodable or binary input is
+    one line and exit 2, as for a file."""
+    latin = ("# -*- coding: latin-1 -*-\n# r\u00e9sum\u00e9\n" + BAD_SCRIPT).encode("latin-1")
+    assert CliRunner().invoke(cli.cli, ["check", "-"], input=latin).exit_code == 1
+    undeclared = CliRunner().invoke(cli.cli, ["check", "-"], input=b"x = 1\ny = 2\n# r\xe9sum\xe9\n" + BAD_SCRIPT.encode())
+    assert undeclared.exit_code == 2 and "-: not valid UTF-8 (byte 0xe9 at line 3" in undeclared.stderr
+    binary = CliRunner().invoke(cli.cli, ["check", "-"], input=b"x = 1\0\n")
+    assert binary.exit_code == 2 and "-: binary file (contains NUL bytes)" in binary.stderr
+
+
 def test_quiet_prints_nothing_and_keeps_the_exit_code(project):
     write(project / "bad.py", BAD_SCRIPT)
     result = run("check", "--quiet", "bad.py")
