@@ -2,7 +2,10 @@
 
 import os
 import stat
+import sys
 from pathlib import Path
+
+import pytest
 
 from click.testing import CliRunner
 
@@ -84,3 +87,13 @@ def test_code_nested_beyond_the_recursion_limit_is_one_line_for_its_file(tmp_pat
         result = CliRunner().invoke(cli.cli, [command, str(deep)])
         assert result.exit_code == 2 and "internal error" not in result.output, result.output
         assert f"{deep}: nested too deeply to analyse" in result.stderr
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="needs a Python that cannot compile `type X = ...`")
+def test_syntax_newer_than_the_running_python_is_named_as_such(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("type Batch = tuple\n" + FIXTURE.read_text())
+    result = CliRunner().invoke(cli.cli, ["rewrite", "--in-place", str(path)])
+    assert result.exit_code == 2 and "internal error" not in result.output
+    assert "uses syntax Python 3." in result.stderr and "cannot compile" in result.stderr
+    assert path.read_text().startswith("type Batch = tuple\n") and "CapturedStep" not in path.read_text()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -9,6 +11,7 @@ import libcst as cst
 from graphify.engine import TOO_DEEP, analyze_module
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import names_written, walk
+from graphify.files import python_syntax_error
 from graphify.model import FileError, Verdict
 from graphify.rewrite.bundle import RuntimeChoice, bound_runtime_names, runtime_header
 from graphify.rewrite.emit import CAPTURED_STEP, DDP_BUILDER, GRAPHED_MODULE, Emission, Rewriter
@@ -106,7 +109,11 @@ def _rewrite_source(source: str, path: str, settings, runtime: RuntimeChoice) ->
     try:
         compile(code, path, "exec")
     except SyntaxError as e:  # never hand back code that does not parse
-        out.errors.append(FileError(path, f"internal error: the rewrite would not parse ({e.msg}, line {e.lineno}); file left unchanged"))
+        if python_syntax_error(source, path) is not None:  # newer syntax than this Python's (libcst reads it)
+            why = f"it uses syntax Python {sys.version_info[0]}.{sys.version_info[1]} cannot compile ({e.msg}, line {e.lineno}); run graphify with the Python the script is for"
+        else:
+            why = f"internal error: the rewrite would not parse ({e.msg}, line {e.lineno})"
+        out.errors.append(FileError(path, f"{why}; file left unchanged"))
         for o in out.outcomes:
             o.rewritten = False
         return out
