@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphify.analysis.checker import is_logging_call
+from graphify.analysis.checker import code_of, is_logging_call
 from graphify.analysis.containers import makes_container
 from graphify.analysis.region import Site
 from graphify.analysis.names import dotted
@@ -254,6 +254,34 @@ def check_moved_statement(plan, body, index: int, refuse) -> None:
         why = _moved_effect(n, site.env, later, followed)
         if why:
             return refuse(ORDER, body[index], f"{why}; it sits between captured statements and cannot run after the whole step")
+    changer = next((c for i in plan.graph if i > index for c in walk(body[i]) if _changes_parameters(c, here.env)), None)
+    read = changer is not None and next((n for n in walk(body[index]) if _reads_parameters(n, here.env)), None)
+    if read:
+        why = f"it reads `{code_of(read)}`, which `{code_of(changer)}` after it changes in place"
+        return refuse(ORDER, body[index], f"{why}; after the whole step it would read the changed values")
+
+
+_PARAMETER_CHANGERS = {"step", "zero_grad", "backward", "clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"}
+
+
+def _changes_parameters(n, env) -> bool:
+    """A call that changes parameters or gradients in place: an optimizer's or scaler's step, a backward,
+    zeroing or clipping gradients, a tensor method ending in `_`."""
+    if not isinstance(n, cst.Call):
+        return False
+    name = (env.qualify(n.func) or dotted(n.func) or "").rsplit(".", 1)[-1]
+    return name in _PARAMETER_CHANGERS or (isinstance(n.func, cst.Attribute) and name.endswith("_") and not name.startswith("_"))
+
+
+def _reads_parameters(n, env) -> bool:
+    """A read of what those change: a `.grad`, a model's parameters, or a model's attribute."""
+    if isinstance(n, cst.Attribute):
+        return n.attr.value == "grad" or (isinstance(n.value, cst.Name) and env.kind_of(n.value) in (MODEL, DDP))
+    return (
+        isinstance(n, cst.Call)
+        and isinstance(n.func, cst.Attribute)
+        and n.func.attr.value in ("parameters", "named_parameters", "state_dict")
+    )
 
 
 def check_hoisted_exits(plan, body, refuse) -> None:
@@ -296,6 +324,8 @@ def _moved_effect(n, env, later: set[str], followed: set[int]) -> str | None:
     if isinstance(n.func, cst.Name) and n.func.value in _PURE_BUILTINS:
         return None
     qual = env.qualify(n.func) or ""
+    if qual.startswith("torch.") and qual.split(".")[-1] in _PROCESS_STATE:
+        return f"`{code}` changes what the step runs under (grad mode, random seeds, defaults)"
     if qual.split(".")[-1] in _DEVICE_RANDOM or (qual.startswith("torch.") and qual.split(".")[-1] in RANDOM_FACTORIES and _on_device(n)):
         return f"`{code}` draws from the device's random generator, whose order the step shares"
     if qual.startswith("torch.") or (qual.startswith("numpy.") and not qual.startswith("numpy.random.")):
@@ -309,6 +339,8 @@ def _moved_effect(n, env, later: set[str], followed: set[int]) -> str | None:
     return f"`{code}(...)` may change state the step uses"
 
 
+_PROCESS_STATE = {"set_grad_enabled", "manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state", "set_rng_state_all"}
+_PROCESS_STATE |= {"set_default_dtype", "set_default_device", "use_deterministic_algorithms", "set_autocast_enabled"}
 RANDOM_FACTORIES = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson"}
 _DEVICE_RANDOM = {"rand_like", "randn_like", "randint_like", "dropout", "uniform_", "normal_", "bernoulli_"}
 
