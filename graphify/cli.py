@@ -176,12 +176,13 @@ def _analyze_stdin(name: str, settings, analyzer) -> Report:
     BOM, else UTF-8), NUL bytes and oversize refused."""
     from graphify.files import MAX_BYTES, SourceError, is_notebook, source_from_bytes
     from graphify.model import FileError, Report
+    from graphify.notebooks import NOTEBOOK_MAX_BYTES
 
-    data = sys.stdin.buffer.read(MAX_BYTES + 1)
+    limit = NOTEBOOK_MAX_BYTES if is_notebook(name) else MAX_BYTES  # as read_source reads either
     try:
-        text = data.decode("utf-8") if is_notebook(name) else source_from_bytes(data)
-    except (SourceError, UnicodeDecodeError) as exc:
-        return Report(errors=[FileError(name, getattr(exc, "message", None) or f"cannot decode standard input: {exc.reason}")])
+        text = source_from_bytes(sys.stdin.buffer.read(limit + 1), limit)
+    except SourceError as exc:
+        return Report(errors=[FileError(name, exc.message)])
     return analyze_file(name, settings, analyzer, text=text)
 
 

@@ -10,6 +10,8 @@ import warnings
 import pytest
 import torch
 
+from test_host_values_gpu import _Schedule
+
 from graphify.runtime import CapturedStep, GraphifyFallbackWarning
 
 pytestmark = pytest.mark.cuda
@@ -392,14 +394,6 @@ def test_an_optimizer_handed_in_as_an_argument_is_followed_and_a_new_one_is_not_
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
-class _MovingWeight:
-    t = 0
-
-    @property
-    def weight(self):
-        return 1.0 + self.t / 50
-
-
 def test_a_step_left_eager_gives_the_optimizer_back_as_built():
     """A host value moving every step leaves the step eager at warmup: the AdamW made capturable for the
     capture runs as it was built again (host step counts, host arithmetic: fewer kernels), trains as eager,
@@ -409,7 +403,7 @@ def test_a_step_left_eager_gives_the_optimizer_back_as_built():
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).cuda()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        moving = _MovingWeight()
+        moving = _Schedule()  # a loss weight read through a property, moved every step below
 
         def train_step(x, y):
             loss = torch.nn.functional.mse_loss(model(x), y) * moving.weight

@@ -19,7 +19,8 @@ from graphify.files import SourceError, is_notebook, python_syntax_error, read_s
 from graphify.model import Report
 from graphify.notebooks import CellSpanError, read_notebook
 from graphify.rewrite import RewriteResult, rewrite_source
-from graphify.rewrite.bundle import VENDOR_MARK, RuntimeChoice, vendor_code
+from graphify.analysis.rewritten import VENDOR_MARK, is_vendored_runtime
+from graphify.rewrite.bundle import RuntimeChoice, vendor_code
 
 
 @dataclass
@@ -67,7 +68,7 @@ def vendor_target_problem(path: str) -> str | None:
     import it: a file there that is not a graphify runtime (never overwritten), or a place not writable."""
     try:
         with open(path, encoding="utf-8") as f:
-            head = f.read(len(VENDOR_MARK))
+            head = f.read(len(VENDOR_MARK) + 1)  # and a BOM
     except FileNotFoundError:
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
@@ -75,9 +76,9 @@ def vendor_target_problem(path: str) -> str | None:
         return None
     except (OSError, UnicodeDecodeError) as e:
         return f"{path}: could not read it: {getattr(e, 'strerror', None) or e}"
-    if head != VENDOR_MARK:
+    if not is_vendored_runtime(head):
         return f"{path}: a file of yours is there, not a graphify runtime; name another --vendor-path"
-    if not os.access(path, os.W_OK) or not os.stat(path).st_mode & 0o222:
+    if not _writable(path):
         return f"{path}: the vendored runtime there is read-only"
     return None
 
@@ -95,7 +96,7 @@ def vendor_runtime(path: str, write: bool) -> str:
         raise OSError(f"{path}: could not read the vendored runtime: {getattr(e, 'strerror', None) or e}") from None
     if current == code:
         return f"{path}: the vendored runtime is current"
-    if current is not None and not current.startswith(VENDOR_MARK):
+    if current is not None and not is_vendored_runtime(current):
         raise OSError(f"{path}: a file of yours is there, not a graphify runtime; name another --vendor-path")
     what = "wrote" if write else "would write"
     if not write:
@@ -116,13 +117,17 @@ def _ended(cell: str) -> str:
     return cell if cell.endswith("\n") or not cell else cell + "\n"
 
 
+def _writable(path: str) -> bool:
+    return os.access(path, os.W_OK) and bool(os.stat(path).st_mode & 0o222)  # root may write anything: go by the mode too
+
+
 def write_atomically(path: str, text: str) -> None:
     """Replace the file in one step, in its own encoding, with its permissions and owner; never
     half-written, and never a file the user may not write (a read-only file stays as it is). A symbolic
     link stays a link (its target is rewritten); a file with other hard links is written over in place,
     after the new text is safely on disk beside it, so that every link sees it."""
     path = os.path.realpath(path)
-    if not os.access(path, os.W_OK) or not os.stat(path).st_mode & 0o222:  # root may write anything: go by the mode too
+    if not _writable(path):
         raise PermissionError(13, "the file is read-only")
     with open(path, "rb") as f:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(f.read()).readline)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from graphify.analysis.rewritten import INLINE_FUNCTION, VENDOR_MARK  # noqa: F401 - VENDOR_MARK: for the commands
+from graphify.analysis.rewritten import INLINE_FUNCTION
 
 RUNTIME_CLASSES = ("CapturedStep", "GraphedModule", "build_on_capture_stream")  # what rewritten files use
 

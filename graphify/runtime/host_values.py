@@ -42,17 +42,17 @@ def _small_host(arg) -> bool:
     )
 
 
-def _value(arg, made_by_device=frozenset()):
+def _value(arg, device_made=frozenset()):
     if isinstance(arg, torch.Tensor):
         if _small_host(arg):
-            if arg.numel() and arg.untyped_storage().data_ptr() in made_by_device:
+            if arg.numel() and arg.untyped_storage().data_ptr() in device_made:
                 return None  # made by the step's own device work (see _Recorder)
             return ("host tensor", tuple(_value(x) for x in arg.detach().flatten().tolist()))
         return None  # a device tensor's contents belong to the graph (or to a static input buffer)
     if isinstance(arg, float):
         return arg.hex()  # NaN equals itself, -0.0 differs from 0.0
     if isinstance(arg, (list, tuple)):
-        return tuple(_value(x, made_by_device) for x in arg)
+        return tuple(_value(x, device_made) for x in arg)
     if arg is None or isinstance(arg, (bool, int, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return arg
     return type(arg).__name__  # a generator or another object: by kind only
@@ -69,14 +69,14 @@ class _Recorder(TorchDispatchMode):
         self.calls: list = []
         self.paused = 0
         self.made_by_device: list = []
-        self.pointers: set = set()
+        self.device_made: set = set()  # their storages' addresses
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not self.paused:
             try:
-                arguments = _value(args, self.pointers)
-                keywords = _value(tuple(sorted(kwargs.items())), self.pointers)
+                arguments = _value(args, self.device_made)
+                keywords = _value(tuple(sorted(kwargs.items())), self.device_made)
             except Exception:  # noqa: BLE001 - an argument the recorder cannot read never stops the step
                 arguments, keywords = ("unreadable",), ()
             # operators on tensors alone are left out: they carry no host value, and autograd's gradient
@@ -88,7 +88,7 @@ class _Recorder(TorchDispatchMode):
             for out in result if isinstance(result, (list, tuple)) else (result,):
                 if _small_host(out) and out.numel():
                     self.made_by_device.append(out)
-                    self.pointers.add(out.untyped_storage().data_ptr())
+                    self.device_made.add(out.untyped_storage().data_ptr())
         return result
 
 
