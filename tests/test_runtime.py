@@ -160,19 +160,37 @@ def test_graphed_module_is_eager_off_cuda():
 
 
 def test_a_setting_that_keeps_changing_leaves_the_step_eager():
-    """SGD's float learning rate moved by a scheduler: the graphs are dropped and captured again, up to
-    a limit, then the step stays eager with one warning."""
-    from graphify.runtime.captured_step import MAX_KEYS
+    """SGD's float learning rate moved by a scheduler: the graphs are dropped and captured again; moved
+    within a few replays of each capture more than MAX_KEYS times, the step stays eager with one warning."""
+    from graphify.runtime.captured_step import FEW_REPLAYS, MAX_KEYS
 
     captured = CapturedStep(lambda x: x)
-    captured.state.graphs = {"key": object()}
+    state = captured.state
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(MAX_KEYS):
-            captured._forget_graphs()
-        assert captured.state.graphs == {} and captured.state.disabled is None and not caught
-        captured._forget_graphs()
-    assert "changed more than" in captured.state.disabled and len(caught) == 1
+            state.graphs, state.replays["key"] = {"key": object()}, state.replays.get("key", 0) + FEW_REPLAYS - 1
+            captured._forget_graphs(warm=True)
+        assert state.graphs == {} and state.disabled is None and not caught
+        captured._forget_graphs(warm=True)
+    assert "changed within 32 replays of its capture more than 16 times" in state.disabled and len(caught) == 1
+
+
+def test_a_setting_moved_once_an_epoch_is_followed_for_any_number_of_epochs():
+    """A per-epoch schedule: each capture replayed for an epoch paid for itself; the warmup and the replay
+    counts (the check schedule) carry over, so the next call captures at once."""
+    from graphify.runtime.captured_step import FEW_REPLAYS, MAX_KEYS
+
+    captured = CapturedStep(lambda x: x)
+    state = captured.state
+    state.eager_runs = {"key": 4}
+    for _ in range(3 * MAX_KEYS):
+        state.graphs, state.replays["key"] = {"key": object()}, state.replays.get("key", 0) + FEW_REPLAYS
+        captured._forget_graphs(warm=True)
+    assert state.disabled is None and state.recaptures == 3 * MAX_KEYS and state.hasty_recaptures == 0
+    assert state.eager_runs == {"key": 4} and state.replays == {"key": 3 * MAX_KEYS * FEW_REPLAYS}
+    captured._forget_graphs()  # a host value moved: warm up and count again
+    assert state.eager_runs == {} and state.replays == {} and state.replays_at_forget == 0
 
 
 class _Timed:

@@ -17,6 +17,7 @@ from graphify.runtime.common import (
     capture_forced,
     copy_outputs,
     capture_failure,
+    fits,
     gpu_bound,
     leaves,
     requires_grad,
@@ -32,6 +33,7 @@ from graphify.runtime.optimizer_settings import give_back, make_capturable, sett
 from graphify.runtime.reach import bindings, inner_optimizers, referenced, same, why_not_capturable
 
 MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes every step and the step stays eager
+FEW_REPLAYS = 32  # a graph dropped after fewer replays did not pay for its capture
 
 
 class _Captures:
@@ -56,7 +58,9 @@ class _Captures:
         self.lr_tensors: list = []  # [param group, device tensor, float it holds]
         self.frozen: list = []  # (param group, name, value at capture) the graph cannot follow
         self.group_counts: list = []  # (optimizer, its param groups at capture): a group added later is not in the graph
-        self.recaptures = 0  # times the graphs were dropped because a frozen setting changed
+        # times the graphs were dropped because a value they froze changed; of those, how many within
+        # FEW_REPLAYS replays of the last; the sum of `replays` then
+        self.recaptures = self.hasty_recaptures = self.replays_at_forget = 0
         self.load: Timing | None = None  # of the last warmup step
         self.fetch_checks: int | None = None  # eager calls that fetched micro-step batches in order; -1 off CUDA
         self.measured: tuple | None = None  # (GPU ms, host ms) of that step, once the capture decision used it
@@ -80,9 +84,10 @@ class CapturedStep:
     stream, two of them recording the host values handed to the operators (one more call: they must
     agree, or the step stays eager); the next call copies its inputs into static buffers, captures the
     step and replays it; later calls copy their inputs in and replay. Inputs of another shape, dtype or
-    device and calls off CUDA run eagerly; calls after a setting the graph froze has changed (a float
+    device and calls off CUDA run eagerly; a call after a setting the graph froze has changed (a float
     learning rate on an optimizer that cannot read a tensor one, betas, momentum or eps moved, a param
-    group added) capture again, as when a replay run recorded (see _rechecked) shows a host value moved.
+    group added) captures again at once; a replay run recorded (see _rechecked) that shows a host value
+    moved makes the step warm up and capture again.
     Before a replay, `.grad` points at the gradients the graph writes, for eager code after it. A replay
     returns the graph's static outputs, which the next replay overwrites: `copy_outputs` keeps them.
     """
@@ -130,10 +135,10 @@ class CapturedStep:
         captured = state.graphs.get(key)
         if captured is not None:
             graph, static_tensors, static_outputs, grads = captured
-            if not settings_unchanged(state.group_counts, state.frozen):
-                self._forget_graphs()  # e.g. SGD's float learning rate moved by a per-epoch scheduler
+            if not settings_unchanged(state.group_counts, state.frozen):  # SGD's float LR moved by a per-epoch scheduler
+                self._forget_graphs(warm=not state.ddps)
                 return self.__call__(*inputs, key=key[0])
-            if self._fits(static_tensors, tensors):
+            if fits(static_tensors, tensors):
                 n = state.replays[key] = state.replays.get(key, 0) + 1
                 entered = False
                 if key in state.recheck:  # its first replay since the loop was entered again
@@ -334,19 +339,24 @@ class CapturedStep:
         graph.replay()  # capture records the step without running it: this replay trains on the batch
         return static_outputs
 
-    def _forget_graphs(self) -> None:
-        """A setting the graphs froze has changed: drop them, warm up and capture again with the new
-        values; a setting that keeps changing leaves the step eager."""
+    def _forget_graphs(self, warm: bool = False) -> None:
+        """A value the graphs froze has changed: capture again, at the next call after an optimizer setting
+        (`warm`: the step's warmup and host-value record still hold), after a new warmup otherwise. Values
+        that change within FEW_REPLAYS replays of a capture, more than MAX_KEYS times, leave it eager."""
         state = self.state
         state.recaptures += 1
-        state.graphs, state.eager_runs, state.pool = {}, {}, None
-        state.replays, state.checked, state.entry_checked = {}, {}, {}
+        replayed = sum(state.replays.values())
+        state.hasty_recaptures += replayed - state.replays_at_forget < FEW_REPLAYS
+        state.graphs, state.pool = {}, None
         state.lr_tensors, state.frozen, state.group_counts = [], [], []
+        if not warm:
+            state.eager_runs, state.replays, state.checked, state.entry_checked, replayed = {}, {}, {}, {}, 0
+        state.replays_at_forget = replayed
         # a param group added since (progressive unfreezing) comes with the optimizer's defaults
         make_capturable(state.optimizers, state.made_capturable)
-        if state.recaptures > MAX_KEYS:
+        if state.hasty_recaptures > MAX_KEYS:
             self._give_up(
-                f"a value the graph reads as a constant (a learning rate, momentum, a host value) changed more than {MAX_KEYS} times"
+                f"a value the graph reads as a constant (a learning rate, momentum, a host value) changed within {FEW_REPLAYS} replays of its capture more than {MAX_KEYS} times"
             )
 
     # ---- helpers ------------------------------------------------------------------------------
@@ -359,21 +369,11 @@ class CapturedStep:
         return device is not None and device.type == "cuda"
 
     def _param_device(self):
-        if not self.state.inspected:
-            objects = referenced(self.step)
-            params = [p for o in objects if isinstance(o, torch.nn.Module) for p in o.parameters()]
-            params += [p for o in objects if isinstance(o, torch.optim.Optimizer) for g in o.param_groups for p in g["params"]]
-        else:
-            params = [p for m in self.state.modules for p in m.parameters()]
-            params += [p for o in self.state.optimizers for g in o.param_groups for p in g["params"]]
+        state = self.state
+        objects = state.modules + state.optimizers if state.inspected else referenced(self.step)
+        params = [p for o in objects if isinstance(o, torch.nn.Module) for p in o.parameters()]
+        params += [p for o in objects if isinstance(o, torch.optim.Optimizer) for g in o.param_groups for p in g["params"]]
         return params[0].device if params and all(p.is_cuda for p in params) else None
-
-    @staticmethod
-    def _fits(static, new) -> bool:
-        """Same shapes, dtypes and devices: the new inputs can be copied into the static buffers."""
-        return len(static) == len(new) and all(
-            s.shape == n.shape and s.dtype == n.dtype and s.device == n.device for s, n in zip(static, new)
-        )
 
     def _give_up(self, why: str) -> None:
         """Eager for good, with one warning: the graphs dropped, and the optimizers given back the settings

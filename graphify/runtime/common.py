@@ -246,3 +246,8 @@ class Fetched:
 
 def _device_offsets() -> tuple:
     return tuple(g.get_offset() for g in torch.cuda.default_generators)
+
+
+def fits(static, new) -> bool:
+    """Same shapes, dtypes and devices: the new inputs can be copied into the static buffers."""
+    return len(static) == len(new) and all(s.shape == n.shape and s.dtype == n.dtype and s.device == n.device for s, n in zip(static, new))

@@ -1,0 +1,76 @@
+"""Settings a graph froze, moved by a scheduler, on a GPU: SGD reads its learning rate as a number, so a
+per-epoch schedule (CIFAR and ImageNet recipes: SGD with momentum, cosine or step decay each epoch) makes
+the step capture again each epoch, at once, for as many epochs as the run has; a schedule that moves
+the rate every few steps leaves the step eager with one warning."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from graphify.runtime import CapturedStep, GraphifyFallbackWarning
+from graphify.runtime.captured_step import FEW_REPLAYS, MAX_KEYS
+
+pytestmark = pytest.mark.cuda
+
+
+def _train(wrap, epochs: int, steps: int, per_step: bool = False):
+    """(parameters, the wrapped step, fallback messages, eager calls of the step): SGD with momentum and
+    weight decay, its learning rate moved each epoch (or each step) by a cosine schedule."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * (steps if per_step else 1))
+    calls = []
+
+    def train_step(x, y):
+        calls.append(torch.cuda.is_current_stream_capturing())
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    step = wrap(train_step)
+    g = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(epochs):
+            for _ in range(steps):
+                step(torch.randn(32, 16, generator=g).cuda(), torch.randn(32, 1, generator=g).cuda())
+                if per_step:
+                    scheduler.step()
+            if not per_step:
+                scheduler.step()
+    torch.cuda.synchronize()
+    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+    return [p.detach().clone() for p in model.parameters()], step, messages, calls.count(False)
+
+
+def test_a_per_epoch_schedule_of_sgd_is_captured_again_each_epoch_without_a_new_warmup(monkeypatch):
+    """More epochs than MAX_KEYS, each long enough to pay for its capture: every epoch captures again with
+    its learning rate (no warning, no eager call after the first warmup) and trains as eager."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    epochs, steps = MAX_KEYS + 4, FEW_REPLAYS + 8
+    expected = _train(lambda f: f, epochs, steps)[0]
+    got, step, messages, eager_calls = _train(CapturedStep, epochs, steps)
+    state = step.state
+    assert messages == [] and state.graphs and state.disabled is None, messages
+    assert state.recaptures == epochs - 1 and state.hasty_recaptures == 0
+    # the first warmup (one recorded call more) and the recorded checks of the 128th, 256th and 512th replay:
+    # a capture does not run the step eagerly, and a recapture does not warm up again
+    assert eager_calls == step.warmup + 1 + 3
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_learning_rate_moved_every_step_leaves_sgd_eager_with_one_warning(monkeypatch):
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    expected = _train(lambda f: f, 2, 40, per_step=True)[0]
+    got, step, messages, _ = _train(CapturedStep, 2, 40, per_step=True)
+    assert len(messages) == 1 and f"changed within {FEW_REPLAYS} replays of its capture" in messages[0], messages
+    assert step.state.disabled is not None and not step.state.graphs
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
