@@ -8,7 +8,7 @@ import warnings
 import torch
 
 from graphify.runtime import CapturedStep, GraphifyFallbackWarning
-from graphify.runtime.optimizer_settings import give_back, make_capturable, settings_unchanged, use_tensor_lrs
+from graphify.runtime.optimizer_settings import give_back, make_capturable, moved_settings, use_tensor_lrs
 
 
 def _stepped_adam(**kwargs):
@@ -50,9 +50,27 @@ def test_settings_a_graph_froze_are_followed():
     group = optimizer.param_groups[0]
     assert torch.is_tensor(group["lr"]) and swapped == [(group, 1e-2)] and lrs[0][2] == 1e-2
     group["lr"] = 1e-2
-    assert settings_unchanged(counts, frozen)
+    assert moved_settings(counts, frozen) is None
     group["betas"] = (0.8, 0.999)
-    assert not settings_unchanged(counts, frozen)
+    assert moved_settings(counts, frozen) == "other"
+
+
+def test_a_moved_float_learning_rate_alone_is_told_from_other_settings():
+    """SGD reads its rate as a number: moved alone, the step may capture again at once; with a momentum
+    turned on, or a group added, the next step makes optimizer state lazily and must run eagerly first."""
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    counts, frozen = [], []
+    assert use_tensor_lrs([optimizer], [], frozen, counts) == []
+    group = optimizer.param_groups[0]
+    group["lr"] = 0.05
+    assert moved_settings(counts, frozen) == "lr"
+    group["momentum"] = 0.9
+    assert moved_settings(counts, frozen) == "other"
+    group["lr"], group["momentum"] = 0.1, 0
+    assert moved_settings(counts, frozen) is None
+    optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+    assert moved_settings(counts, frozen) == "other"
 
 
 def test_a_step_that_gives_up_warns_once_at_the_callers_line():

@@ -16,12 +16,13 @@ from graphify.runtime.captured_step import FEW_REPLAYS, MAX_KEYS
 pytestmark = pytest.mark.cuda
 
 
-def _train(wrap, epochs: int, steps: int, per_step: bool = False):
+def _train(wrap, epochs: int, steps: int, per_step: bool = False, momentum_from: int | None = None):
     """(parameters, the wrapped step, fallback messages, eager calls of the step): SGD with momentum and
-    weight decay, its learning rate moved each epoch (or each step) by a cosine schedule."""
+    weight decay, its learning rate moved each epoch (or each step) by a cosine schedule; with
+    `momentum_from`, SGD without momentum until that epoch."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9 if momentum_from is None else 0, weight_decay=5e-4)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * (steps if per_step else 1))
     calls = []
 
@@ -37,7 +38,9 @@ def _train(wrap, epochs: int, steps: int, per_step: bool = False):
     g = torch.Generator().manual_seed(1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(epochs):
+        for epoch in range(epochs):
+            if epoch == momentum_from:
+                optimizer.param_groups[0]["momentum"] = 0.9  # its buffers are made by the next step
             for _ in range(steps):
                 step(torch.randn(32, 16, generator=g).cuda(), torch.randn(32, 1, generator=g).cuda())
                 if per_step:
@@ -72,5 +75,16 @@ def test_a_learning_rate_moved_every_step_leaves_sgd_eager_with_one_warning(monk
     got, step, messages, _ = _train(CapturedStep, 2, 40, per_step=True)
     assert len(messages) == 1 and f"changed within {FEW_REPLAYS} replays of its capture" in messages[0], messages
     assert step.state.disabled is not None and not step.state.graphs
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_momentum_turned_on_warms_up_again_so_that_its_buffers_are_made_eagerly(monkeypatch):
+    """A capture that made SGD's momentum buffers would zero them at every replay: the step warms up again
+    after any setting but the learning rate moved."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    expected = _train(lambda f: f, 4, FEW_REPLAYS + 8, momentum_from=2)[0]
+    got, step, messages, eager_calls = _train(CapturedStep, 4, FEW_REPLAYS + 8, momentum_from=2)
+    assert messages == [] and step.state.graphs and step.state.recaptures == 3 and eager_calls == 2 * (step.warmup + 1), messages
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -29,7 +29,7 @@ from graphify.runtime.common import (
 )
 from graphify.runtime.distributed import DDP_WARMUP, all_ranks_agree, ddp_modules, free_before_teardown
 from graphify.runtime.host_values import RECHECK_FROM, HostValues, compiled, drift_reason, first_difference, recording_allowed
-from graphify.runtime.optimizer_settings import give_back, make_capturable, settings_unchanged, use_tensor_lrs
+from graphify.runtime.optimizer_settings import give_back, make_capturable, moved_settings, use_tensor_lrs
 from graphify.runtime.reach import bindings, inner_optimizers, referenced, same, why_not_capturable
 
 MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes every step and the step stays eager
@@ -135,8 +135,8 @@ class CapturedStep:
         captured = state.graphs.get(key)
         if captured is not None:
             graph, static_tensors, static_outputs, grads = captured
-            if not settings_unchanged(state.group_counts, state.frozen):  # SGD's float LR moved by a per-epoch scheduler
-                self._forget_graphs(warm=not state.ddps)
+            if (moved := moved_settings(state.group_counts, state.frozen)) is not None:  # SGD's LR moved by a per-epoch scheduler
+                self._forget_graphs(warm=moved == "lr" and not state.ddps)
                 return self.__call__(*inputs, key=key[0])
             if fits(static_tensors, tensors):
                 n = state.replays[key] = state.replays.get(key, 0) + 1
@@ -340,7 +340,7 @@ class CapturedStep:
         return static_outputs
 
     def _forget_graphs(self, warm: bool = False) -> None:
-        """A value the graphs froze has changed: capture again, at the next call after an optimizer setting
+        """A value the graphs froze has changed: capture again, at the next call after a learning rate
         (`warm`: the step's warmup and host-value record still hold), after a new warmup otherwise. Values
         that change within FEW_REPLAYS replays of a capture, more than MAX_KEYS times, leave it eager."""
         state = self.state

@@ -66,11 +66,18 @@ def use_tensor_lrs(optimizers, lr_tensors: list, frozen: list, group_counts: lis
     return swapped
 
 
-def settings_unchanged(group_counts: list, frozen: list) -> bool:
-    for optimizer, groups in group_counts:  # a plain loop: this runs before every replay
+def moved_settings(group_counts: list, frozen: list) -> str | None:
+    """None while every setting the graph froze holds; "lr" when learning rates alone moved (the step may
+    capture again at once); "other" when a param group was added or another setting moved: a momentum
+    turned on, a new group, make optimizer state that the next step creates lazily, which must happen in
+    an eager step, not in a capture."""
+    for optimizer, groups in group_counts:  # plain loops: this runs before every replay
         if len(optimizer.param_groups) != groups:
-            return False
-    return all(g[k] is v or g[k] == v for g, k, v in frozen)
+            return "other"
+    moved = [k for g, k, v in frozen if g[k] is not v and g[k] != v]
+    if not moved:
+        return None
+    return "lr" if all(k == "lr" for k in moved) else "other"
 
 
 def _setting(value) -> bool:
