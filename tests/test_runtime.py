@@ -372,3 +372,15 @@ def test_a_broken_capture_is_reported_by_the_error_that_broke_it():
             raise LookupError("The function that was compiled for this operation failed to execute.") from inner
     except LookupError as wrapped:
         assert capture_failure(wrapped) == "capture failed (RuntimeError: operation not permitted when stream is capturing)"
+
+
+def test_an_in_place_change_is_told_by_the_version_counters():
+    from graphify.runtime.common import changed_in_place, versions
+
+    a, b = torch.zeros(3), torch.zeros(3)
+    before = versions([a, b])
+    b.add_(1)
+    assert changed_in_place([a, b], before) == (1,)
+    with torch.inference_mode():
+        c = torch.zeros(3)
+    assert versions([c]) == [None] and changed_in_place([c], [None]) == ()

@@ -27,6 +27,7 @@ _ORDER = (
     "optimizer_settings",
     "distributed",
     "reach",
+    "captures",
     "captured_step",
     "graphed_module",
 )  # each imports only those before it

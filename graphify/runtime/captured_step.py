@@ -8,6 +8,7 @@ import warnings
 
 import torch
 
+from graphify.runtime.captures import StepCaptures
 from graphify.runtime.common import (
     WARMUP,
     Fetched,
@@ -17,6 +18,7 @@ from graphify.runtime.common import (
     capture_forced,
     copy_outputs,
     capture_failure,
+    changed_in_place,
     fits,
     gpu_bound,
     leaves,
@@ -26,6 +28,7 @@ from graphify.runtime.common import (
     side_stream,
     split,
     tree_map,
+    versions,
 )
 from graphify.runtime.distributed import DDP_WARMUP, all_ranks_agree, ddp_modules, free_before_teardown
 from graphify.runtime.host_values import RECHECK_FROM, HostValues, compiled, drift_reason, first_difference, recording_allowed
@@ -36,43 +39,7 @@ MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes eve
 FEW_REPLAYS = 32  # a graph dropped after fewer replays did not pay for its capture
 
 
-class _Captures:
-    """Everything captured for one step function: kept across re-entries of its loop."""
-
-    def __init__(self, bindings):
-        self.bindings = bindings
-        self.inspected = False
-        self.disabled: str | None = None  # why the step runs eagerly for good
-        self.side_stream_used = False
-        self.optimizers: list = []
-        self.made_capturable: list = []  # (optimizer, group) set capturable for the capture: given back if it stays eager
-        self.modules: list = []  # top-level modules the step reaches
-        self.submodules: list = []  # theirs and every submodule: train/eval modes are part of each graph's key
-        self.handed: list = []  # models and optimizers handed to the first call as arguments: the ones inspected
-        self.parameters: list = []  # theirs: which require grad is part of each key (freezing, unfreezing)
-        self.ddps: list = []  # DistributedDataParallel models the step runs: longer warmup, ranks agree on captures
-        self.graphs: dict = {}  # key -> (graph, static input tensors, static outputs, gradients it writes)
-        self.grads_of = None  # the graph whose gradient buffers the parameters' `.grad` now are
-        self.eager_runs: dict = {}
-        self.pool = None
-        self.lr_tensors: list = []  # [param group, device tensor, float it holds]
-        self.frozen: list = []  # (param group, name, value at capture) the graph cannot follow
-        self.group_counts: list = []  # (optimizer, its param groups at capture): a group added later is not in the graph
-        # times the graphs were dropped because a value they froze changed; of those, how many within
-        # FEW_REPLAYS replays of the last; the sum of `replays` then
-        self.recaptures = self.hasty_recaptures = self.replays_at_forget = 0
-        self.load: Timing | None = None  # of the last warmup step
-        self.fetch_checks: int | None = None  # eager calls that fetched micro-step batches in order; -1 off CUDA
-        self.measured: tuple | None = None  # (GPU ms, host ms) of that step, once the capture decision used it
-        self.recorded = False  # whether warmup calls record the host values the step hands to the GPU
-        self.host_values: dict = {}  # key -> the operators' arguments of its last recorded call
-        self.recheck: set = set()  # keys checked again at their next check point: the loop was entered again
-        self.replays: dict = {}  # key -> replays since its capture
-        self.checked: dict = {}  # key -> the replay at which it was last checked (see _rechecked)
-        self.entry_checked: dict = {}  # key -> the replay at which it was last checked after a re-entry
-
-
-_registry: dict = {}  # step code object -> _Captures of its latest bindings, newest last
+_registry: dict = {}  # step code object -> StepCaptures of its latest bindings, newest last
 KEPT_PER_STEP = 4  # e.g. one train() function called in turn for a few models
 
 
@@ -100,7 +67,7 @@ class CapturedStep:
         states = _registry.setdefault(step.__code__, [])
         state = next((s for s in states if same(s.bindings, bound)), None)
         if state is None:
-            state = _Captures(bound)
+            state = StepCaptures(bound)
             states.append(state)
             del states[:-KEPT_PER_STEP]
         elif state.recorded:  # its loop entered again (the next epoch): each graph is checked at its next chance
@@ -134,7 +101,7 @@ class CapturedStep:
         key = (key, host, torch.is_grad_enabled(), modes)
         captured = state.graphs.get(key)
         if captured is not None:
-            graph, static_tensors, static_outputs, grads = captured
+            graph, static_tensors, static_outputs, grads, changed = captured
             if (moved := moved_settings(state.group_counts, state.frozen)) is not None:  # SGD's LR moved by a per-epoch scheduler
                 self._forget_graphs(warm=moved == "lr" and not state.ddps)
                 return self.__call__(*inputs, key=key[0])
@@ -161,6 +128,8 @@ class CapturedStep:
                         p.grad = grad
                     state.grads_of = graph
                 graph.replay()
+                for i in changed:  # inputs the step changes in place: the caller's tensors change, as in eager
+                    tensors[i].copy_(static_tensors[i], non_blocking=True)
                 return static_outputs
             return self._eager(tensors, inputs)
         runs = state.eager_runs.get(key, 0)
@@ -304,6 +273,8 @@ class CapturedStep:
         state = self.state
         device = tensors[0].device if tensors else self._param_device()
         static_inputs = tree_map(torch.Tensor.clone, inputs)
+        statics = leaves(static_inputs)
+        before = versions(statics)
         trained = dict.fromkeys([*state.parameters, *(p for o in state.optimizers for g in o.param_groups for p in g["params"])])
         saved = save_host_state(trained, device)
         grads_before = dict(saved[-1])
@@ -333,10 +304,13 @@ class CapturedStep:
         state.pool = graph.pool()
         # the gradients the graph's backward made (the buffers it writes), not ones it accumulates into or leaves
         grads = [(p, p.grad) for p in trained if p.grad is not None and p.grad is not grads_before[p]]
-        state.graphs[key], state.grads_of = (graph, leaves(static_inputs), static_outputs, grads), graph
+        changed = changed_in_place(statics, before)  # a forward that normalises its input in place, say
+        state.graphs[key], state.grads_of = (graph, statics, static_outputs, grads, changed), graph
         if state.ddps and len(state.graphs) == 1:
             free_before_teardown(functools.partial(_drop_graphs, state, "its process group was destroyed"))
         graph.replay()  # capture records the step without running it: this replay trains on the batch
+        for i in changed:
+            tensors[i].copy_(statics[i], non_blocking=True)
         return static_outputs
 
     def _forget_graphs(self, warm: bool = False) -> None:
@@ -395,5 +369,5 @@ class CapturedStep:
         warnings.warn(f"graphify: `{name}` {outcome}: {why}", GraphifyFallbackWarning, stacklevel=level)
 
 
-def _drop_graphs(state: _Captures, why: str) -> None:
+def _drop_graphs(state: StepCaptures, why: str) -> None:
     state.graphs, state.pool, state.disabled = {}, None, why

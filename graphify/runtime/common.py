@@ -251,3 +251,14 @@ def _device_offsets() -> tuple:
 def fits(static, new) -> bool:
     """Same shapes, dtypes and devices: the new inputs can be copied into the static buffers."""
     return len(static) == len(new) and all(s.shape == n.shape and s.dtype == n.dtype and s.device == n.device for s, n in zip(static, new))
+
+
+def versions(tensors) -> list:
+    """Each tensor's version counter, which every in-place change bumps, under capture too (None for an
+    inference tensor, which keeps none)."""
+    return [None if t.is_inference() else t._version for t in tensors]
+
+
+def changed_in_place(tensors, before: list) -> tuple:
+    """The indices of the tensors changed in place since their `versions` were `before`."""
+    return tuple(i for i, (t, v) in enumerate(zip(tensors, before)) if v is not None and t._version != v)

@@ -16,11 +16,13 @@ from graphify.runtime.common import (
     Timing,
     capture_forced,
     capture_failure,
+    changed_in_place,
     gpu_bound,
     leaves,
     requires_grad,
     side_stream,
     tree_map,
+    versions,
 )
 from graphify.runtime.host_values import RECHECK_FROM, HostValues, compiled, drift_reason, first_difference, recording_allowed
 from graphify.runtime.reach import why_not_capturable
@@ -247,13 +249,16 @@ class GraphedModule:
             return torch.func.functional_call(self.module, parameters, args[: len(inputs)], constants)
 
         samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs) + tuple(aliases)
+        before = versions(samples[: len(inputs)])
         cache = torch.is_autocast_cache_enabled()
         torch.set_autocast_cache_enabled(False)  # cached casts would outlive the capture; the values are the same
         graphed, why = None, None
         try:
             with torch.cuda.device(inputs[0].device):  # make_graphed_callables works on the current GPU's streams
                 graphed = torch.cuda.make_graphed_callables(forward, samples)
-                if not capture_forced():
+                if changed_in_place(samples[: len(inputs)], before):
+                    why = "its forward changes an input in place, which a replay would do to a copy of the input"
+                elif not capture_forced():
                     why = slower_replays(*self._time_passes(graphed, inputs, constants, trained))
         except Exception as exc:  # noqa: BLE001 - a failed capture leaves the module eager
             why = capture_failure(exc)
