@@ -384,3 +384,22 @@ def test_an_in_place_change_is_told_by_the_version_counters():
     with torch.inference_mode():
         c = torch.zeros(3)
     assert versions([c]) == [None] and changed_in_place([c], [None]) == ()
+
+
+def test_tensors_replaced_by_a_checkpoint_load_are_told_by_their_addresses():
+    """`model.load_state_dict` copies into the parameters; `optimizer.load_state_dict` makes new state
+    tensors, which a graph captured before would not touch."""
+    import copy
+
+    from graphify.runtime.reach import tensor_addresses
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    saved_model, saved_optimizer = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+    before = tensor_addresses([model], [optimizer])
+    model.load_state_dict(saved_model)
+    assert tensor_addresses([model], [optimizer]) == before
+    optimizer.load_state_dict(saved_optimizer)
+    assert tensor_addresses([model], [optimizer]) != before

@@ -33,7 +33,7 @@ from graphify.runtime.common import (
 from graphify.runtime.distributed import DDP_WARMUP, all_ranks_agree, ddp_modules, free_before_teardown
 from graphify.runtime.host_values import RECHECK_FROM, HostValues, compiled, drift_reason, first_difference, recording_allowed
 from graphify.runtime.optimizer_settings import give_back, make_capturable, moved_settings, use_tensor_lrs
-from graphify.runtime.reach import bindings, inner_optimizers, referenced, same, why_not_capturable
+from graphify.runtime.reach import bindings, inner_optimizers, referenced, same, tensor_addresses, why_not_capturable
 
 MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes every step and the step stays eager
 FEW_REPLAYS = 32  # a graph dropped after fewer replays did not pay for its capture
@@ -73,6 +73,8 @@ class CapturedStep:
         elif state.recorded:  # its loop entered again (the next epoch): each graph is checked at its next chance
             state.recheck = set(state.graphs)
         self.state = state
+        if state.graphs and not self._same_tensors():
+            self._forget_graphs()  # e.g. the optimizer's state loaded from the best epoch's checkpoint
 
     copy = staticmethod(copy_outputs)
     fetch = staticmethod(Fetched)  # `train_step.fetch(lambda: next(loader), k)`: the batches of k micro-steps
@@ -250,12 +252,16 @@ class CapturedStep:
             result = self._eager(tensors, inputs)
         before = state.host_values.get(key)
         difference = first_difference(before[1:], record.calls) if before is not None else None
-        if difference is not None:
+        if difference is not None or not self._same_tensors():
             if not entered:
                 why = f"a host value the step hands to the GPU moved after the capture ({difference})"
+                why = why if difference else "a parameter, buffer or optimizer state tensor was replaced after the capture"
                 self._warn(f"{why}; up to {n - last - 1} replays before this call may have used the old value", "captured again")
             self._forget_graphs()
         return result
+
+    def _same_tensors(self) -> bool:
+        return tensor_addresses(self.state.modules, self.state.optimizers) == self.state.addresses
 
     def _gpu_bound(self) -> bool:
         """Whether the last warmup step kept the GPU busy far longer than the host took to launch it (decided
@@ -305,6 +311,7 @@ class CapturedStep:
         # the gradients the graph's backward made (the buffers it writes), not ones it accumulates into or leaves
         grads = [(p, p.grad) for p in trained if p.grad is not None and p.grad is not grads_before[p]]
         changed = changed_in_place(statics, before)  # a forward that normalises its input in place, say
+        state.addresses = tensor_addresses(state.modules, state.optimizers)
         state.graphs[key], state.grads_of = (graph, statics, static_outputs, grads, changed), graph
         if state.ddps and len(state.graphs) == 1:
             free_before_teardown(functools.partial(_drop_graphs, state, "its process group was destroyed"))

@@ -11,6 +11,7 @@ class StepCaptures:
 
     def __init__(self, bindings):
         self.bindings = bindings
+        self.addresses: tuple = ()  # of the tensors the graphs were captured with (reach.tensor_addresses)
         self.inspected = False
         self.disabled: str | None = None  # why the step runs eagerly for good
         self.side_stream_used = False

@@ -25,7 +25,7 @@ from graphify.runtime.common import (
     versions,
 )
 from graphify.runtime.host_values import RECHECK_FROM, HostValues, compiled, drift_reason, first_difference, recording_allowed
-from graphify.runtime.reach import why_not_capturable
+from graphify.runtime.reach import tensor_addresses, why_not_capturable
 
 _graphed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its graphed callable state
 # A replay pays for its checks, autograd.Function, input copies, output clones and gradient copies, and
@@ -86,10 +86,14 @@ class GraphedModule:
                 "checked": 0,  # the replay at which it was last checked (see _rechecked)
                 "entry_checked": 0,  # the replay at which it was last checked after being wrapped again
                 "recheck": False,  # checked at its next chance: the model was wrapped again (its loop entered again)
+                "addresses": (),  # of its parameters and buffers at capture (reach.tensor_addresses)
             }
         elif _graphed[module]["recorded"]:
             _graphed[module]["recheck"] = True
-        self.state = _graphed[module]
+        self.state = state = _graphed[module]
+        if state["graphed"] is not None and state["disabled"] is None and tensor_addresses([module], []) != state["addresses"]:
+            state["disabled"] = "its parameters or buffers were replaced after the capture (a module's half(), a submodule swapped)"
+            warnings.warn(f"graphify: the model runs eagerly: {state['disabled']}", GraphifyFallbackWarning, stacklevel=2)
 
     def __call__(self, *inputs, **constants):
         state = self.state
@@ -273,6 +277,7 @@ class GraphedModule:
             generator.graphsafe_set_state(saved_state)
         if why is None:
             self.state["graphed"], self.state["trained"] = graphed, trained
+            self.state["addresses"] = tensor_addresses([self.module], [])
         else:
             # graphs (or a failed capture's remains) hold static CUDA tensors in reference cycles: collected
             # later, they could be freed in a DataLoader worker forked before, which cannot touch CUDA and aborts

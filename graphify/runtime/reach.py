@@ -114,3 +114,14 @@ def why_not_capturable(objects, optimizers) -> str | None:
         if not type(opt).__module__.startswith("torch.optim") or name not in _SAFE_OPTIMIZERS:
             return f"the step uses a {name} optimizer, whose step cannot be captured"
     return None
+
+
+def tensor_addresses(modules, optimizers) -> tuple:
+    """Where the parameters, buffers and optimizer state tensors live. A graph reads and writes the
+    addresses it was captured with, so a tensor replaced since (an optimizer's `load_state_dict` restoring
+    the best epoch, a module's `half()`, a submodule swapped for another) would leave it on the old ones."""
+    tensors = [t for m in modules for t in (*m.parameters(), *m.buffers())]
+    for optimizer in optimizers:
+        tensors += [p for g in optimizer.param_groups for p in g["params"]]
+        tensors += [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    return tuple(t.data_ptr() for t in tensors)
