@@ -60,7 +60,7 @@ def get_analyzer() -> Analyzer:
 
 
 @cli.command()
-@click.argument("paths", nargs=-1, type=click.Path())
+@click.argument("paths", nargs=-1, type=click.Path(readable=False))  # an unreadable file is one error line, not a usage error
 @click.option("--format", "--output-format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True, help="Output format.")
 @click.option(
     "--select", metavar="CODES", help="Rules to check: codes, prefixes (GFY0), categories or ALL, comma-separated. Overrides the config."
@@ -158,17 +158,30 @@ def _check(paths, settings, fmt, exit_zero, statistics, jobs, force_exclude, out
             _fail(f"internal error: the analysis engine cannot be imported ({exc})")
         if files:
             report.extend(analyze_files(files, settings, analyzer, jobs))
-            report.errors.extend(_syntax_errors(named_files(paths), report))
         if stdin:
             report.extend(_analyze_stdin(stdin_filename or "-", settings, analyzer))
+    warnings = _set_apart_warnings(report)
+    if files:
+        report.errors.extend(_syntax_errors(named_files(paths), report))
     report.errors.sort(key=lambda e: e.path)
 
     output.write(render(report, fmt, color=output.colored(fmt, statistics), statistics=statistics))
+    for w in warnings if not output.quiet else ():
+        _write(sys.stderr, f"graphify: warning: {report.where(w.path, w.line)}: {w.message}\n")
     for e in report.errors:
         _write(sys.stderr, error_line(e.path, e.message) + "\n")
     if report.errors:
         return 2
     return 1 if report.diagnostics and not exit_zero else 0
+
+
+def _set_apart_warnings(report: Report) -> list[FileError]:
+    """Take the warnings (unknown codes in suppression comments) out of the report's errors, in order."""
+    from graphify.suppressions import UnknownCode
+
+    warnings = [e for e in report.errors if isinstance(e, UnknownCode)]
+    report.errors = [e for e in report.errors if not isinstance(e, UnknownCode)]
+    return sorted(warnings, key=lambda w: (w.path, w.line))
 
 
 def _analyze_stdin(name: str, settings, analyzer) -> Report:
@@ -229,6 +242,7 @@ def analyze_file(path: str, settings: Settings, analyzer: Analyzer, text: str | 
     from graphify.files import SourceError
     from graphify.model import FileError, Report
     from graphify.notebooks import load_module
+    from graphify.suppressions import UnknownCode, unknown_codes
 
     try:
         source, cell_starts = load_module(path, text)
@@ -240,6 +254,8 @@ def analyze_file(path: str, settings: Settings, analyzer: Analyzer, text: str | 
         return Report(errors=[FileError(path, f"internal error: {type(exc).__name__}: {exc}")])
     if cell_starts is not None:
         report.cell_starts[path] = cell_starts
+    for line, code in unknown_codes(source):  # as ruff warns of unknown codes in its suppression comments
+        report.errors.append(UnknownCode(path, f"unknown rule code '{code}' in a suppression comment; it suppresses nothing", line))
     return report
 
 

@@ -83,6 +83,8 @@ class Settings:
             _check_selectors(extend_select, "--extend-select")
             new.select = [*new.select, *extend_select]
         if select is not None:
+            if not select:  # `--select ""`: checking nothing would pass whatever the code (ruff refuses it too)
+                raise ConfigError("--select: no rule codes given")
             _check_selectors(select, "--select")
             new.select = list(select)
             new.ignore = []
@@ -133,8 +135,9 @@ def _graphify_table(pyproject: str) -> dict | None:
     try:
         with open(pyproject, "rb") as f:
             data = f.read()
-    except OSError:
-        return None
+    except OSError as exc:  # it may hold the table: going on without it would check with other rules
+        reason = "permission denied" if isinstance(exc, PermissionError) else exc.strerror or str(exc)
+        raise ConfigError(f"{pyproject}: cannot read it: {reason}") from None
     if b"graphify" not in data:  # skip parsing the many pyproject.toml files that cannot have the table
         return None
     try:

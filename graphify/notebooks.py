@@ -176,12 +176,14 @@ def _syntax_error(lines: list[str]) -> str | None:
 
 
 def _dump_like(data: dict, original: str) -> str:
-    """JSON in the original file's layout (indent, escaping, final newline), as nbformat writes it."""
+    """JSON in the original file's layout (indent, escaping, line endings, final newline), as nbformat
+    writes it. JSON escapes the newlines inside strings: every newline dumped is one of the layout's."""
     second = original.splitlines()[1] if original.count("\n") else ""
     indent = len(second) - len(second.lstrip(" ")) or None
     ascii_only = "\\u" in original and original.isascii()
     text = json.dumps(data, indent=indent, ensure_ascii=ascii_only, separators=(",", ": ") if indent else None)
-    return text + "\n" if original.endswith("\n") else text
+    text = text + "\n" if original.endswith("\n") else text
+    return text.replace("\n", "\r\n") if "\r\n" in original else text
 
 
 def load_module(path: str, text: str | None = None) -> tuple[str, list[int] | None]:

@@ -23,6 +23,10 @@ from __future__ import annotations
 import io
 import re
 import tokenize
+from dataclasses import dataclass
+from typing import Iterable
+
+from graphify.model import FileError
 
 # an unclosed `ignore[` suppresses nothing: read as bare, it would silence every rule on the line
 _DIRECTIVE = re.compile(r"#\s*graphify:\s*ignore\b(?!-)(?:\s*\[([^\]\n]*)\]|(?!\s*\[))")
@@ -64,16 +68,51 @@ def parse_suppressions(source: str) -> Suppressions:
     return Suppressions(source)
 
 
+@dataclass
+class UnknownCode(FileError):
+    """A warning for `check`, not an error: it travels with a file's errors (from the worker processes
+    too), and the CLI sets it apart."""
+
+    line: int = 0
+
+
+def unknown_codes(source: str, known: Iterable[str] | None = None) -> list[tuple[int, str]]:
+    """(line, code) for each code of a suppression comment that suppresses nothing: neither ALL nor a
+    code or prefix of a rule in `known` (default: every registered rule). ruff warns of these likewise."""
+    if "graphify:" not in source and not _NOQA_GFY.search(source):
+        return []
+    if known is None:
+        from graphify.rules import rules_by_code
+
+        known = rules_by_code()
+    known = tuple(known)
+    found = []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                for code in _written_codes(tok.string) or ():
+                    if code.upper() != _ALL and not any(k.startswith(code.upper()) for k in known):
+                        found.append((tok.start[0], code))
+    except (tokenize.TokenError, SyntaxError):
+        pass  # keep what was read; the analysis reports the syntax error
+    return found
+
+
 def _directive(comment: str) -> frozenset[str] | None:
     """The codes a comment suppresses, or None when it is no suppression of graphify's."""
+    codes = _written_codes(comment)
+    return None if codes is None else frozenset(c.upper() for c in codes)
+
+
+def _written_codes(comment: str) -> list[str] | None:
     m = _DIRECTIVE.search(comment)
     if m is not None:
         if m.group(1) is None:
-            return frozenset({_ALL})
-        return frozenset(c.strip().upper() for c in m.group(1).split(",") if c.strip())
+            return [_ALL]
+        return [c.strip() for c in m.group(1).split(",") if c.strip()]
     m = _NOQA.search(comment)
     if m is not None:
-        codes = frozenset(c.strip().upper() for c in m.group(1).split(",") if c.strip().upper().startswith("GFY"))
+        codes = [c.strip() for c in m.group(1).split(",") if c.strip().upper().startswith("GFY")]
         return codes or None
     return None
 

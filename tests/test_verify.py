@@ -266,7 +266,7 @@ def test_cli_text_failure(tmp_path):
     script = write(tmp_path, TRAIN.replace("for x, y in data:", "raise SystemExit('no data')\nfor x, y in data:"))
     result = CliRunner().invoke(cli, ["verify", script, "--steps", "4"])
     assert result.exit_code == 2
-    assert "the original script failed" in result.stdout and "no data" in result.stdout
+    assert "the original script failed" in result.stderr and "no data" in result.stderr  # an error: on stderr
 
 
 # ---- on a GPU ------------------------------------------------------------------------------------
@@ -331,7 +331,7 @@ def test_a_given_rewrite_is_verified_and_a_wrong_one_fails(tmp_path):
     report = verify_file(path, steps=STEPS, rewritten=str(bad))
     assert report.exit_code == 1 and "parameters differ at step 2" in report.message
     result = CliRunner().invoke(cli, ["verify", path, "--steps", "4", "--rewritten", str(tmp_path / "missing.py")])
-    assert result.exit_code == 2 and "cannot read" in result.stdout and "missing.py" in result.stdout
+    assert result.exit_code == 2 and "cannot read" in result.stderr and "missing.py" in result.stderr
 
 
 def test_a_loop_reentered_each_epoch_is_forced_across_epochs():

@@ -9,7 +9,7 @@ import click
 
 
 @click.command("rewrite")
-@click.argument("paths", nargs=-1, type=click.Path())
+@click.argument("paths", nargs=-1, type=click.Path(readable=False))  # an unreadable file is one error line
 @click.option("--in-place", is_flag=True, help="Write the rewritten files (atomically) instead of printing a diff.")
 @click.option("--check", "check_only", is_flag=True, help="Exit 1 if any loop could be captured but is not yet (for CI and pre-commit).")
 @click.option("--verify", is_flag=True, help="With --in-place: write a file only if `graphify verify` passes on it.")

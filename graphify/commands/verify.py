@@ -82,7 +82,7 @@ def verify_command(script, script_args, steps, rtol, atol, as_json, profile, tim
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        render(report, Console())
+        render(report, Console(), errors=err)
     sys.exit(report.exit_code)
 
 

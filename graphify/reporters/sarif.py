@@ -2,9 +2,10 @@
 
 `tool.driver.rules` lists every rule (id, name, short and full description, helpUri, default
 level). Each result carries ruleId, ruleIndex, level, message and one location whose region has
-1-based startLine/startColumn/endLine/endColumn (endColumn exclusive, as SARIF defines it); the fix
-hint and the loop line go into the result's properties. Files that could not be analysed are
-tool execution notifications, and make `executionSuccessful` false.
+1-based startLine/startColumn/endLine/endColumn (endColumn exclusive, as SARIF defines it; columns
+count Unicode code points, as the run's `columnKind` says); the fix hint and the loop line go into
+the result's properties. Files that could not be analysed are tool execution notifications, and make
+`executionSuccessful` false.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ def render(report: Report, rules: list[Rule] | None = None) -> str:
             }
         },
         "invocations": [{"executionSuccessful": not report.errors, "toolExecutionNotifications": notifications}],
+        "columnKind": "unicodeCodePoints",  # libcst's columns count characters, not UTF-16 units (SARIF's other kind)
         "results": results,
     }
     doc = {"$schema": SCHEMA, "version": "2.1.0", "runs": [run]}

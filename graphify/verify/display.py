@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -51,7 +52,9 @@ class Progress:
         self.bars.update(self.tasks[label], completed=min(done, total))
 
 
-def render(report: VerifyReport, console: Console) -> None:
+def render(report: VerifyReport, console: Console, errors: Console | None = None) -> None:
+    """The report on `console`; when it could not be verified (exit 2), the error and the failed run's
+    stderr tail on `errors` (stderr), if given. Messages are never wrapped: they may be grepped or copied."""
     loop = report.loop
     if loop:
         where = f"{loop['kind']} loop at line {loop['line']}" + (f" in {loop['function']}" if loop["function"] else "")
@@ -66,13 +69,14 @@ def render(report: VerifyReport, console: Console) -> None:
     if report.verdict:
         speedup = report.speedup
         console.print(f"speedup: {speedup:.2f}x" if speedup else "speedup: not measured")
-        console.print(f"verdict: {report.verdict}")
+        console.print(f"verdict: {escape(report.verdict)}", soft_wrap=True)
     for warning in report.warnings:
-        console.print(f"[yellow]warning[/]: {warning}", highlight=False)
+        console.print(f"[yellow]warning[/]: {escape(warning)}", highlight=False, soft_wrap=True)
     style = {0: "bold green", 1: "bold red"}.get(report.exit_code, "bold yellow")
-    console.print(f"[{style}]{report.status.upper()}[/]: {report.message}", highlight=False)
+    out = errors if errors is not None and report.status == "error" else console
+    out.print(f"[{style}]{report.status.upper()}[/]: {escape(report.message)}", highlight=False, soft_wrap=True)
     if report.detail:
-        console.print(report.detail, markup=False, highlight=False)
+        out.print(report.detail, markup=False, highlight=False, soft_wrap=True)
     if report.workdir:
         console.print(f"files kept in {report.workdir}")
 
