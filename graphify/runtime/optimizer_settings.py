@@ -74,10 +74,10 @@ def moved_settings(group_counts: list, frozen: list) -> str | None:
     for optimizer, groups in group_counts:  # plain loops: this runs before every replay
         if len(optimizer.param_groups) != groups:
             return "other"
-    moved = [k for g, k, v in frozen if g[k] is not v and g[k] != v]
-    if not moved:
-        return None
-    return "lr" if all(k == "lr" for k in moved) else "other"
+    for group, name, value in frozen:
+        if group[name] is not value and group[name] != value:
+            return "lr" if all(k == "lr" or g[k] is v or g[k] == v for g, k, v in frozen) else "other"
+    return None
 
 
 def _setting(value) -> bool:
