@@ -135,12 +135,13 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
         # where a breaker is reported already (the same statement, or a logging call around the node), the planner sees it again
         flagged = {id(n) for f in analysis.all_findings for n in (walk(f.node) if f.rule.category == "logging-io" else [f.node])}
         for refusal in shown:
-            if refusal.node is None or any(id(n) in flagged for n in _own_lines(refusal.node)):
+            node = refusal.node or loop.node  # a reason about the loop as a whole: told at its header
+            if refusal.node is not None and any(id(n) in flagged for n in _own_lines(node)):
                 continue
-            flagged.add(id(refusal.node))
+            flagged.add(id(node))
             fix = FIXES.get(refusal.rule.code, "see `graphify rule " + refusal.rule.code + "`")
             # what the planner refuses, the rewrite does not remove
-            finding = Finding(refusal.rule, refusal.node, _module_of(loop, refusal.node), str(refusal), fix, False)
+            finding = Finding(refusal.rule, node, _module_of(loop, node), str(refusal), fix, False)
             if reported(finding):
                 analysis.findings.append(finding)
         for fetch in analysis.fetches:

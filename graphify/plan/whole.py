@@ -61,14 +61,13 @@ from graphify.rules.rewrite_safety import (
 def make_plan(
     loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refusals: list[Refusal] | None = None, fetches: list | None = None
 ) -> Plan:
-    """`findings`: every breaker reported in the loop's region; `enclosing`: the function (or module)
-    that holds the loop. Raises Refusal when the loop cannot be captured without changing its training:
-    the first reason found. `refusals`, when given, receives every reason found, for `check` to report:
-    checks that can go on past a reason record it and go on; the others stop the plan. `fetches`, when
-    given, receives the `next(...)` calls the plan would fetch before the step, refused or not."""
+    """`findings`: every breaker reported in the loop's region; `enclosing`: the function (or module) that
+    holds the loop. Raises Refusal when the loop cannot be captured without changing its training: the
+    first reason found. `refusals` receives every reason found, for `check` (checks that can go on past a
+    reason go on); `fetches`, the `next(...)` calls the plan would fetch before the step, refused or not."""
     found = [] if refusals is None else refusals
+    refuse = lambda rule, node, message, certain=True: found.append(Refusal(rule, message, node, certain))  # noqa: E731
     try:
-        refuse = lambda rule, node, message, certain=True: found.append(Refusal(rule, message, node, certain))  # noqa: E731
         plan = _make_plan(loop, findings, enclosing, refuse, [] if fetches is None else fetches)
     except Refusal as refusal:
         found.append(refusal)
@@ -98,8 +97,9 @@ def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refu
         if holds(s, is_model_call, model_calls | step_calls)
         and (i in anchors or loop.kind != "train" or not _is_periodic_branch(s, env, step_calls))
     ]
-    if not anchors or not starts:
-        raise Refusal(LOOP_SHAPE, "the step is not in the loop body")
+    if not anchors or not starts:  # the model reached through a dict of functions, `super()`: not followed
+        seen = "the optimizer step" if loop.kind == "train" and not anchors else "a model call"
+        raise Refusal(LOOP_SHAPE, f"{seen} is not seen in the loop body (a call it goes through is not followed)")
     plan = Plan(loop, loop.kind, first=min(starts[0], anchors[0]), last=anchors[-1])
     _refuse_closures(plan, body, refuse)
     _split_step(plan, body, env, refuse)
