@@ -173,9 +173,11 @@ class GraphedModule:
             outputs = self.module(*inputs, **constants)
         before = state["host_values"].get(signature)
         difference = first_difference(before, record.calls) if before is not None else None
-        if difference is not None:
+        replaced = tensor_addresses([self.module], []) != state["addresses"]
+        if difference is not None or replaced:
             stale = f"; up to {n - last - 1} replays before this call may have used the old value" if not entered else ""
-            state["disabled"] = f"a host value the forward hands to the GPU moved after the capture ({difference}){stale}"
+            what = f"a host value the forward hands to the GPU moved after the capture ({difference})"
+            state["disabled"] = (what if difference else "its parameters or buffers were replaced after the capture") + stale
             warnings.warn(f"graphify: the model runs eagerly: {state['disabled']}", GraphifyFallbackWarning, stacklevel=3)
         return outputs
 
