@@ -15,6 +15,7 @@ from graphify.analysis.vocabulary import ACCELERATOR, MODEL, OPTIMIZER, SCALER, 
 _NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 # exact types, for the hottest loops (analysis/tree.py says why)
 _NESTED_TYPES = frozenset(_NESTED)
+_COMPREHENSIONS = (cst.GeneratorExp, cst.ListComp, cst.SetComp, cst.DictComp)
 _TARGET_HOLDERS = frozenset((cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr))
 HOST_READS = {"item", "tolist", "numpy", "cpu"}
 
@@ -56,6 +57,14 @@ def names_written(node: cst.CSTNode) -> set[str]:
     return out
 
 
+def _target_names(t: cst.BaseExpression) -> set[str]:
+    if isinstance(t, cst.Name):
+        return {t.value}
+    if isinstance(t, (cst.Tuple, cst.List)):
+        return set().union(*(_target_names(el.value) for el in t.elements))
+    return _target_names(t.value) if isinstance(t, cst.StarredElement) else set()
+
+
 def names_read(node: cst.CSTNode) -> set[str]:
     out: set[str] = set()
 
@@ -80,6 +89,12 @@ def names_read(node: cst.CSTNode) -> set[str]:
                 visit(cond)
             if n.inner_for_in is not None:
                 visit(n.inner_for_in)
+        elif isinstance(n, _COMPREHENSIONS):  # its `for` targets are its own names, not the enclosing scope's
+            bound, f = set(), n.for_in
+            while f is not None:
+                bound |= _target_names(f.target)
+                f = f.inner_for_in
+            out.update(set().union(*(names_read(c) for c in children(n))) - bound, names_read(n.for_in.iter))
         elif isinstance(n, cst.AsName):
             return
         elif isinstance(n, _NESTED):

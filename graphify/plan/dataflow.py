@@ -19,7 +19,7 @@ from graphify.analysis.region import Site
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import is_host_read_call, names_read, names_written, walk
 from graphify.analysis.tree import children
-from graphify.analysis.vocabulary import DDP, MODEL
+from graphify.analysis.vocabulary import DDP, MODEL, OPTIMIZER, SCALER
 from graphify.rules.distributed import SYNC_FLAG
 from graphify.rules.rewrite_safety import HOST_SIDE_EFFECT, LOOP_SHAPE, MUTATED_STATE, ORDER
 
@@ -265,23 +265,26 @@ _PARAMETER_CHANGERS = {"step", "zero_grad", "backward", "clip_grad_norm_", "clip
 
 
 def _changes_parameters(n, env) -> bool:
-    """A call that changes parameters or gradients in place: an optimizer's or scaler's step, a backward,
-    zeroing or clipping gradients, a tensor method ending in `_`."""
+    """A call that changes parameters, gradients or optimizer state in place: an optimizer's or scaler's
+    step, a scaler's update, a backward, zeroing or clipping gradients, a tensor method ending in `_`."""
     if not isinstance(n, cst.Call):
         return False
     name = (env.qualify(n.func) or dotted(n.func) or "").rsplit(".", 1)[-1]
-    return name in _PARAMETER_CHANGERS or (isinstance(n.func, cst.Attribute) and name.endswith("_") and not name.startswith("_"))
+    on = env.kind_of(n.func.value) if isinstance(n.func, cst.Attribute) else None
+    return (
+        name in _PARAMETER_CHANGERS
+        or (name == "update" and on == SCALER)
+        or (isinstance(n.func, cst.Attribute) and name.endswith("_") and name[0] != "_")
+    )
 
 
 def _reads_parameters(n, env) -> bool:
-    """A read of what those change: a `.grad`, a model's parameters, or a model's attribute."""
+    """A read of what those change: a `.grad`, a model's parameters or attribute, optimizer state, a scaler's scale."""
     if isinstance(n, cst.Attribute):
-        return n.attr.value == "grad" or (isinstance(n.value, cst.Name) and env.kind_of(n.value) in (MODEL, DDP))
-    return (
-        isinstance(n, cst.Call)
-        and isinstance(n.func, cst.Attribute)
-        and n.func.attr.value in ("parameters", "named_parameters", "state_dict")
-    )
+        owner = env.kind_of(n.value) if isinstance(n.value, cst.Name) else None
+        return n.attr.value == "grad" or owner in (MODEL, DDP) or (n.attr.value == "state" and owner == OPTIMIZER)
+    name = n.func.attr.value if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) else None
+    return name in ("parameters", "named_parameters", "state_dict") or (name == "get_scale" and env.kind_of(n.func.value) == SCALER)
 
 
 def check_hoisted_exits(plan, body, refuse) -> None:

@@ -138,7 +138,9 @@ class Rewriter(cst.CSTTransformer):
         call_stmt = cst.parse_statement(call).with_changes(
             leading_lines=[_comment("replay the captured step (warmup and capture on first calls)")]
         )
-        clones = [cst.parse_statement(f"{n} = {emission.step_name}.copy({n})") for n in plan.clones]
+        kept = ", ".join(plan.clones)  # in one call: outputs that are views of one another stay so
+        copied = f"{kept} = {emission.step_name}.copy(({kept}))" if len(plan.clones) > 1 else f"{kept} = {emission.step_name}.copy({kept})"
+        clones = [cst.parse_statement(copied)] if plan.clones else []
         if clones:
             clones[0] = clones[0].with_changes(
                 leading_lines=[_comment("copy outputs kept beyond this step: the next replay overwrites them")]

@@ -181,8 +181,30 @@ def _init_fields(value) -> set[str]:
 
 
 def copy_outputs(value):
-    """A copy of a replay's outputs that the next replay does not overwrite."""
-    return tree_map(torch.Tensor.clone, value)
+    """A copy of a replay's outputs that the next replay does not overwrite. Outputs that share storage (a
+    `logits` and the `out` it is a view of) share the copy's storage too, as they did: an in-place change
+    of one shows in the other."""
+    shared: dict = {}
+    for t in leaves(value):
+        shared.setdefault(_storage_key(t), []).append(t)
+    bases = {}
+    for key, group in shared.items():
+        if len(group) > 1 and key[0]:  # one copy of the whole storage, through autograd as clone() goes
+            first = group[0]
+            bases[key] = first.as_strided((first.untyped_storage().nbytes() // first.element_size(),), (1,), 0).clone()
+
+    def copy(t):
+        base = bases.get(_storage_key(t))
+        if base is None:
+            return t.clone()
+        view = base.as_strided(t.size(), t.stride(), t.storage_offset())
+        return view if t.requires_grad else view.detach()
+
+    return tree_map(copy, value)
+
+
+def _storage_key(t) -> tuple:
+    return t.untyped_storage().data_ptr(), t.dtype, t.device
 
 
 def first_line(exc: BaseException) -> str:
