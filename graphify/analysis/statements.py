@@ -174,3 +174,38 @@ def _in_place_on_data(receiver: cst.BaseExpression, method: str) -> bool:
 
 def contains(root: cst.CSTNode, node: cst.CSTNode) -> bool:
     return any(n is node for n in walk(root))
+
+
+def is_side_computation(stmt: cst.BaseStatement, env: Env) -> bool:
+    """A plain (re)binding of names that neither runs the model nor steps, e.g. a metric accumulator, or
+    the next batch fetched while the step runs (`X, Y = get_batch("train")`); or a list filled with such
+    values (`losses.append(loss.detach())`). Nothing in it changes a tensor in place."""
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    if collected_into(stmt):
+        targets = []
+    elif all(isinstance(s, (cst.Assign, cst.AugAssign)) for s in stmt.body):
+        targets = [t.target for s in stmt.body for t in (s.targets if isinstance(s, cst.Assign) else [s])]
+        targets = [t.target if isinstance(t, cst.AssignTarget) else t for t in targets]
+        targets = [e.value for t in targets for e in (t.elements if isinstance(t, (cst.Tuple, cst.List)) else [cst.Element(t)])]
+    else:
+        return False
+    if not all(isinstance(t, cst.Name) for t in targets):
+        return False
+    return not any(
+        isinstance(n, cst.Call) and (is_step_op(n, env) or is_model_call(n, env) or id(n) in env.gpu_calls or _mutates(n))
+        for n in walk(stmt)
+    )
+
+
+def collected_into(stmt: cst.BaseStatement) -> set[str]:
+    """The list a statement appends to or extends (`losses.append(...)`), by name; else nothing."""
+    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+    call = small.value if isinstance(small, cst.Expr) else None
+    m = method_call(call) if isinstance(call, cst.Call) else None
+    return {m[0].value} if m is not None and m[1] in ("append", "extend") and isinstance(m[0], cst.Name) else set()
+
+
+def _mutates(call: cst.Call) -> bool:
+    m = method_call(call)
+    return m is not None and m[1].endswith("_") and not m[1].startswith("_")

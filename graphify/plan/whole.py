@@ -15,9 +15,11 @@ from graphify.analysis.checker import Finding, removable
 from graphify.analysis.calls import is_backward, is_model_call, is_step_op, method_call
 from graphify.analysis.region import Loop
 from graphify.analysis.statements import (
+    collected_into,
     contains,
     does_gpu_work,
     is_host_read_call,
+    is_side_computation,
     names_read,
     names_written,
     walk,
@@ -193,7 +195,7 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> 
         rebound_later = names_read(stmt) & set().union(*(names_written(body[j]) for j in span[pos + 1 :]))
         writes = names_written(stmt)
         if does_gpu_work(stmt, env):
-            if _is_side_computation(stmt, env) and not writes & later_reads and not rebound_later:
+            if is_side_computation(stmt, env) and not (writes | collected_into(stmt)) & later_reads and not rebound_later:
                 # `total_loss += loss.detach()`: nothing in the step needs it, so it runs after the call
                 plan.after.append(i)
                 continue
@@ -318,27 +320,6 @@ def _is_periodic_branch(stmt: cst.BaseStatement, env: Env, step_calls: set[int])
         and env._tensor(stmt.test, 0) is not True
         and not any(isinstance(n, cst.Call) and (is_step_op(n, env) or is_backward(n, env) or id(n) in step_calls) for n in walk(stmt))
     )
-
-
-def _is_side_computation(stmt: cst.BaseStatement, env: Env) -> bool:
-    """A plain (re)binding of names that neither runs the model nor steps, e.g. a metric accumulator,
-    or the next batch fetched while the step runs (`X, Y = get_batch("train")`)."""
-    if not isinstance(stmt, cst.SimpleStatementLine) or not all(isinstance(s, (cst.Assign, cst.AugAssign)) for s in stmt.body):
-        return False
-    targets = [t.target for s in stmt.body for t in (s.targets if isinstance(s, cst.Assign) else [s])]
-    targets = [t.target if isinstance(t, cst.AssignTarget) else t for t in targets]
-    targets = [e.value for t in targets for e in (t.elements if isinstance(t, (cst.Tuple, cst.List)) else [cst.Element(t)])]
-    if not all(isinstance(t, cst.Name) for t in targets):
-        return False
-    return not any(
-        isinstance(n, cst.Call) and (is_step_op(n, env) or is_model_call(n, env) or id(n) in env.gpu_calls or _mutates(n))
-        for n in walk(stmt)
-    )
-
-
-def _mutates(call: cst.Call) -> bool:
-    m = method_call(call)
-    return m is not None and m[1].endswith("_") and not m[1].startswith("_")
 
 
 def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env, refuse) -> None:
