@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from graphify.runtime import CapturedStep, GraphedModule, GraphifyFallbackWarning
+from test_runtime_gpu import _mse_step
 
 pytestmark = pytest.mark.cuda
 
@@ -30,13 +31,7 @@ def _train_with_restore(wrap, epochs=4, steps=30):
     batches = [(torch.randn(32, 16, generator=g).cuda(), torch.randn(32, 1, generator=g).cuda()) for _ in range(steps)]
 
     def train():
-        def train_step(x, y):
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-
-        step = wrap(train_step)
+        step = wrap(_mse_step(model, optimizer))
         for x, y in batches:
             step(x, y)
         return step

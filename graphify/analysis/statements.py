@@ -8,6 +8,7 @@ import libcst as cst
 
 from graphify.analysis.checker import is_logging_call
 from graphify.analysis.calls import is_model_call, is_step_op, method_call
+from graphify.analysis.scope import target_names
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import ACCELERATOR, MODEL, OPTIMIZER, SCALER, is_torch_tensor_call
@@ -57,14 +58,6 @@ def names_written(node: cst.CSTNode) -> set[str]:
     return out
 
 
-def _target_names(t: cst.BaseExpression) -> set[str]:
-    if isinstance(t, cst.Name):
-        return {t.value}
-    if isinstance(t, (cst.Tuple, cst.List)):
-        return set().union(*(_target_names(el.value) for el in t.elements))
-    return _target_names(t.value) if isinstance(t, cst.StarredElement) else set()
-
-
 def names_read(node: cst.CSTNode) -> set[str]:
     out: set[str] = set()
 
@@ -92,7 +85,7 @@ def names_read(node: cst.CSTNode) -> set[str]:
         elif isinstance(n, _COMPREHENSIONS):  # its `for` targets are its own names, not the enclosing scope's
             bound, f = set(), n.for_in
             while f is not None:
-                bound |= _target_names(f.target)
+                bound.update(target_names(f.target))
                 f = f.inner_for_in
             out.update(set().union(*(names_read(c) for c in children(n))) - bound, names_read(n.for_in.iter))
         elif isinstance(n, cst.AsName):
