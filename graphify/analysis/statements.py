@@ -11,7 +11,7 @@ from graphify.analysis.calls import is_model_call, is_step_op, method_call
 from graphify.analysis.scope import target_names
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
-from graphify.analysis.vocabulary import ACCELERATOR, MODEL, OPTIMIZER, SCALER, is_torch_tensor_call
+from graphify.analysis.vocabulary import ACCELERATOR, MODEL, OPTIMIZER, SCALER, is_tensor_metadata_method, is_torch_tensor_call
 
 _NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 # exact types, for the hottest loops (analysis/tree.py says why)
@@ -145,7 +145,7 @@ def does_gpu_work(node: cst.CSTNode, env: Env) -> bool:
                     return True
                 if kind == ACCELERATOR and m[1] in ("clip_grad_norm_", "clip_grad_value_"):
                     return True  # clips on the device (unscaling first under fp16, which the runtime runs eagerly)
-                if env.is_tensor(m[0]) or _in_place_on_data(*m):
+                if (env.is_tensor(m[0]) and not is_tensor_metadata_method(m[1])) or _in_place_on_data(*m):
                     return True
         elif isinstance(n, cst.BinaryOperation) and (env.is_tensor(n.left) or env.is_tensor(n.right)):
             return True

@@ -21,8 +21,6 @@ from graphify.analysis.vocabulary import (
     DDP,
     ENV,
     GENERATOR,
-    HOST_ATTRIBUTES,
-    HOST_METHODS,
     KNOWN_OPTIMIZERS,
     LOADER,
     LOSS,
@@ -32,7 +30,9 @@ from graphify.analysis.vocabulary import (
     SCALER,
     SCHEDULER,
     LOSS_NAME,
+    is_host_method,
     is_noise_scheduler_class,
+    is_tensor_metadata_attribute,
     is_torch_tensor_call,
     kind_by_name,
 )
@@ -203,7 +203,7 @@ class Env:
                 return False
             return None
         if isinstance(expr, cst.Attribute):
-            if expr.attr.value in HOST_ATTRIBUTES:
+            if is_tensor_metadata_attribute(expr.attr.value):
                 return False
             name = dotted(expr)
             if name in self.tensors:
@@ -216,7 +216,10 @@ class Env:
                 return False
             if expr.attr.value in {"grad", "data", "T", "mT", "H", "real", "imag", "logits", "loss", "last_hidden_state"}:
                 return True if self._tensor(expr.value, depth + 1) or expr.attr.value in {"grad", "logits"} else None
-            return True if self._tensor(expr.value, depth + 1) is True and self.kind_of(expr.value) is None else None
+            receiver = self._tensor(expr.value, depth + 1)
+            if receiver is False:
+                return False  # an attribute of a host value: `x.device.type`, `args.lr`
+            return True if receiver is True and self.kind_of(expr.value) is None else None
         if isinstance(expr, cst.Subscript):
             base = self._tensor(expr.value, depth + 1)
             if base is True:
@@ -280,7 +283,7 @@ class Env:
             return False
         if isinstance(func, cst.Attribute):
             method = func.attr.value
-            if method in HOST_METHODS:
+            if is_host_method(method):
                 return False
             if method == "step":  # optimizer.step(closure) returns the closure's loss
                 kind = self.kind_of(func.value)

@@ -49,11 +49,23 @@ COLLECTIVE_HELPER = re.compile(r"(^|_)(reduce|gather)(_|$)")
 # builtins whose result holds the items of its arguments (`list(zip(a, b))`): tensors if theirs are
 SAME_ITEMS = frozenset({"list", "tuple", "sorted", "reversed", "zip"})
 
-# Tensor methods whose results live on the host.
-HOST_METHODS = {
-    "item",
-    "tolist",
-    "numpy",
+# Tensor metadata: what a tensor is (its shape, dtype, device, layout, autograd flags), never what it holds.
+# A graph is keyed by its inputs' metadata, so any boolean or arithmetic combination of these is a host
+# value fixed per graph, not a data-dependent branch. `is_*` attributes and methods all belong here but one.
+TENSOR_METADATA_ATTRIBUTES = {
+    "shape",
+    "dtype",
+    "device",
+    "ndim",
+    "layout",
+    "names",
+    "requires_grad",
+    "is_leaf",
+    "grad_fn",
+    "itemsize",
+    "nbytes",
+}
+TENSOR_METADATA_METHODS = {
     "size",
     "dim",
     "ndimension",
@@ -61,13 +73,28 @@ HOST_METHODS = {
     "nelement",
     "element_size",
     "data_ptr",
-    "is_contiguous",
     "get_device",
     "stride",
     "storage_offset",
-    "is_floating_point",
-    "is_complex",
     "__len__",
+}
+_READS_VALUES = {"is_nonzero"}  # an `is_` method that reads the tensor's one value
+
+
+def is_tensor_metadata_attribute(name: str) -> bool:
+    return name in TENSOR_METADATA_ATTRIBUTES or name.startswith("is_")
+
+
+def is_tensor_metadata_method(name: str) -> bool:
+    return name in TENSOR_METADATA_METHODS or (name.startswith("is_") and name not in _READS_VALUES)
+
+
+# Methods whose results live on the host: tensor metadata, values read back, and the bookkeeping of
+# well-known objects (modules, optimizers, loggers, containers).
+HOST_METHODS = TENSOR_METADATA_METHODS | {
+    "item",
+    "tolist",
+    "numpy",
     "type",
     "keys",
     "items",
@@ -90,9 +117,14 @@ HOST_METHODS = {
     "extend",
     "copy_",
 }
+
+
+def is_host_method(name: str) -> bool:
+    return name in HOST_METHODS or is_tensor_metadata_method(name)
+
+
 # Roots of configuration objects (argparse namespaces, configs): their attributes are host values.
 CONFIG_ROOTS = {"args", "opt", "opts", "config", "cfg", "conf", "hparams", "hp", "FLAGS", "flags", "settings", "options"}
-HOST_ATTRIBUTES = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "is_leaf", "layout", "names"}
 
 # torch.* callables that do not return a tensor on the device.
 _TORCH_NON_TENSOR = re.compile(

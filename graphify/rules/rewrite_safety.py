@@ -14,7 +14,7 @@ from graphify.analysis.calls import is_delegated_step, is_model_call, is_periodi
 from graphify.analysis.checker import code_of
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import does_gpu_work
-from graphify.analysis.vocabulary import DDP, ENV, HOST_METHODS, MODEL, SCALER
+from graphify.analysis.vocabulary import DDP, ENV, MODEL, SCALER, is_host_method
 from graphify.rules.registry import rule
 
 PER_STEP_HOST_VALUE = rule(
@@ -199,7 +199,7 @@ _MODULE_UPKEEP = {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "r
 def _runs_model(call: cst.Call, env) -> bool:
     """A model called, or one of its methods that computes (`actor.get_action(obs)`, not `model.to(device)`)."""
     m = method_call(call)
-    if m is not None and m[1] not in HOST_METHODS | _MODULE_UPKEEP and env.kind_of(m[0]) in (MODEL, DDP):
+    if m is not None and not is_host_method(m[1]) and m[1] not in _MODULE_UPKEEP and env.kind_of(m[0]) in (MODEL, DDP):
         return True
     return is_model_call(call, env)
 
