@@ -120,6 +120,7 @@ def test_report_renders_from_synthetic_results(tmp_path):
     assert "## How measured" in md
 
 
+@pytest.mark.slow
 def test_driver_quick_cpu(tmp_path):
     out = tmp_path / "quick.json"
     proc = subprocess.run(

@@ -41,8 +41,9 @@ def test_rewrite_matches_golden(case, settings):
 
 @pytest.mark.parametrize("case", rewritable_cases(), ids=lambda p: p.name)
 def test_rewrite_is_idempotent_and_clean(case, settings):
+    """Starts from the golden rewrite, which test_rewrite_matches_golden holds equal to the rewrite."""
     script = rewritten_script(case)
-    once = rewrite_source(script.read_text(), str(script), settings).code
+    once = golden_path(case).read_text()
     cst.parse_module(once)
     twice = rewrite_source(once, str(script), settings)
     assert twice.code == once

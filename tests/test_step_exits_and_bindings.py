@@ -7,11 +7,10 @@ original prints."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from in_process import printed_by
 
 from graphify.rewrite import rewrite_source
 
@@ -32,9 +31,7 @@ print("checksum", sum(p.sum().item() for p in model.parameters()))
 def _run(code: str, tmp_path) -> str:
     path = tmp_path / "script.py"
     path.write_text(code)
-    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+    return printed_by(path)
 
 
 def _rewritten(body: str, tmp_path):
