@@ -22,3 +22,11 @@ def settings():
     from graphify.config import Settings
 
     return Settings()
+
+
+@pytest.fixture
+def always_capture(monkeypatch):
+    """Captures whatever the runtime's timings say (GRAPHIFY_CAPTURE=always): the CUDA tests compare replays
+    with eager runs, where a step or model left eager as gaining nothing would compare eager with eager.
+    Child processes (verify's) inherit it."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")

@@ -114,8 +114,7 @@ def test_a_gpu_bound_forward_is_never_captured(monkeypatch):
 
 
 @pytest.mark.parametrize("make_model", [_tiny, _normalised], ids=["tiny", "batch-norm-dropout"])
-def test_graphify_capture_always_keeps_the_graphs(monkeypatch, make_model):
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+def test_graphify_capture_always_keeps_the_graphs(always_capture, monkeypatch, make_model):
     monkeypatch.setattr(graphed_module_runtime, "TIMED_PASSES", None)  # never consulted: no timing runs
     replays = []
     replay = torch.cuda.CUDAGraph.replay
@@ -165,11 +164,10 @@ def _train_chain(graphed: bool, steps=12):
     return losses, [p.detach().clone() for m in modules for p in m.parameters()], calls
 
 
-def test_chained_modules_a_dict_output_and_a_frozen_module(monkeypatch):
+def test_chained_modules_a_dict_output_and_a_frozen_module(always_capture):
     """Graphed modules feeding one another: the encoder's replayed backward takes the summed gradient of
     the three modules reading its output; a module returning a dict replays; a module with nothing to
     differentiate is never captured, and says nothing."""
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     expected = _train_chain(graphed=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", GraphifyFallbackWarning)
@@ -217,11 +215,10 @@ def _train_acting(graphed: bool, steps=12):
     return losses, [p.detach().clone() for p in model.parameters()], call
 
 
-def test_a_model_graph_kept_alive_by_eager_code_does_not_stop_the_capture(monkeypatch):
+def test_a_model_graph_kept_alive_by_eager_code_does_not_stop_the_capture(always_capture):
     """The eager action pick keeps the parameters' gradient accumulators alive on the default stream; a
     backward captured on them would wait on that stream and fail. Captured on aliases of the parameters,
     the graphs replay, and tied and frozen weights train as eagerly."""
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     expected = _train_acting(graphed=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", GraphifyFallbackWarning)
@@ -253,10 +250,9 @@ def _train_lengths(lengths, graphed: bool):
     return losses, [p.detach().clone() for p in model.parameters()], call, messages
 
 
-def test_inputs_padded_per_batch_leave_the_model_eager_without_a_capture(monkeypatch):
+def test_inputs_padded_per_batch_leave_the_model_eager_without_a_capture(always_capture, monkeypatch):
     """Every batch its own length: no shape is warmed up before MAX_SIGNATURES of them, so nothing is
     captured, one warning says why, and training is plain eager."""
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     captures = _counting_captures(monkeypatch)
     lengths = [5, 9, 5, 7, 12, 9, 6, 5, 11, 8, 13, 10, 7]  # length 5 comes 3 times only
     expected = _train_lengths(lengths, graphed=False)
@@ -267,10 +263,9 @@ def test_inputs_padded_per_batch_leave_the_model_eager_without_a_capture(monkeyp
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_the_graph_is_recorded_for_the_shape_that_recurs(monkeypatch):
+def test_the_graph_is_recorded_for_the_shape_that_recurs(always_capture):
     """A short batch first, then full ones with a stray shape between: the full shape is captured (after
     its own warmup) and replays; the others run eagerly."""
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     lengths = [3, 6, 6, 4, 6, 6, 6, 6, 4, 6]
     expected = _train_lengths(lengths, graphed=False)
     got = _train_lengths(lengths, graphed=True)

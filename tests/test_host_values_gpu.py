@@ -59,8 +59,7 @@ def _assert_close(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_a_value_moving_every_step_keeps_the_step_eager_from_warmup(monkeypatch):
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+def test_a_value_moving_every_step_keeps_the_step_eager_from_warmup(always_capture):
     expected = _train(lambda f: f)[0]
     got, step, messages = _train(CapturedStep)
     assert len(messages) == 1 and "a host value the step hands to the GPU changed between steps" in messages[0], messages
@@ -68,10 +67,9 @@ def test_a_value_moving_every_step_keeps_the_step_eager_from_warmup(monkeypatch)
     _assert_close(got, expected)
 
 
-def test_values_that_hold_still_are_captured_without_a_word(monkeypatch):
+def test_values_that_hold_still_are_captured_without_a_word(always_capture):
     """Dropout and a per-step OneCycle schedule (a tensor learning rate, the optimizer's step left out):
     nothing the recorder sees moves."""
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     got, step, messages = _train(CapturedStep, moves_at=set())
     assert messages == [] and step.state.graphs
 
@@ -107,8 +105,7 @@ def _train_tempered(graphed: bool, steps=30):
     return [p.detach().clone() for p in model.parameters()], call, messages
 
 
-def test_a_forward_reading_a_value_the_loop_moves_stays_eager(monkeypatch):
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+def test_a_forward_reading_a_value_the_loop_moves_stays_eager(always_capture):
     expected = _train_tempered(graphed=False)[0]
     got, call, messages = _train_tempered(graphed=True)
     assert len(messages) == 1 and "the forward hands to the GPU changed between steps" in messages[0], messages
@@ -116,9 +113,8 @@ def test_a_forward_reading_a_value_the_loop_moves_stays_eager(monkeypatch):
     _assert_close(got, expected)
 
 
-def test_the_check_can_be_turned_off(monkeypatch):
+def test_the_check_can_be_turned_off(always_capture, monkeypatch):
     """GRAPHIFY_HOST_CHECK=off: the planted-bug suite's wrong rewrites replay as written, for verify to catch."""
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     monkeypatch.setenv("GRAPHIFY_HOST_CHECK", "off")
     got, step, messages = _train(CapturedStep)
     assert messages == [] and step.state.graphs
@@ -145,20 +141,18 @@ def _train_eps(wrap, steps=30):
     return [p.detach().clone() for p in model.parameters()], step
 
 
-def test_any_optimizer_setting_a_graph_froze_is_followed(monkeypatch):
+def test_any_optimizer_setting_a_graph_froze_is_followed(always_capture):
     """eps moved twice by `group.update`: each move drops the graphs and captures again, as for betas."""
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     expected = _train_eps(lambda f: f)[0]
     got, step = _train_eps(CapturedStep)
     assert step.state.recaptures == 2 and step.state.graphs
     _assert_close(got, expected)
 
 
-def test_attention_dropout_is_captured_without_a_word(monkeypatch):
+def test_attention_dropout_is_captured_without_a_word(always_capture):
     """Attention with dropout hands its backward the random seed and offset as host tensors that change at
     every call; they come from the device's own work (under capture they advance with the graph's
     generator), so the step is captured, and trains as eager."""
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
 
     def run(wrap):
         torch.manual_seed(0)
@@ -222,8 +216,7 @@ def _train_epochs(wrap, epochs=4, steps=140, moving=True):
     return [p.detach().clone() for p in model.parameters()], steps_run[-1], messages
 
 
-def test_a_value_moving_between_epochs_is_captured_again_when_the_loop_is_entered_again(monkeypatch):
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+def test_a_value_moving_between_epochs_is_captured_again_when_the_loop_is_entered_again(always_capture, monkeypatch):
     expected = _train_epochs(lambda f: f)[0]
     got, step, messages = _train_epochs(CapturedStep)
     assert messages == [] and step.state.graphs and step.state.recaptures == 3, (messages, step.state.recaptures)
@@ -233,10 +226,9 @@ def test_a_value_moving_between_epochs_is_captured_again_when_the_loop_is_entere
     assert any(not torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(frozen, expected))
 
 
-def test_a_value_that_starts_moving_mid_loop_is_found_at_the_next_check_with_a_warning(monkeypatch):
+def test_a_value_that_starts_moving_mid_loop_is_found_at_the_next_check_with_a_warning(always_capture):
     """One long loop, never entered again: a value set once at step 60, after the capture, is found at the
     128th replay; the step captures again with it and says that the replays before may have used the old one."""
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -260,10 +252,9 @@ def test_a_value_that_starts_moving_mid_loop_is_found_at_the_next_check_with_a_w
     assert "up to 127 replays" in messages[0] and step.state.recaptures == 1 and step.state.graphs
 
 
-def test_a_loop_entered_every_few_steps_is_not_checked_at_every_entry(monkeypatch):
+def test_a_loop_entered_every_few_steps_is_not_checked_at_every_entry(always_capture, monkeypatch):
     """A recorded call costs many replays: 40 entries of 10 steps (an update called per rollout) check
     at most once per 128 replays, plus the 128th, 256th, ... replay."""
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     checks = []
     rechecked = CapturedStep._rechecked
     monkeypatch.setattr(CapturedStep, "_rechecked", lambda self, *a: checks.append(a[-1]) or rechecked(self, *a))
@@ -272,8 +263,7 @@ def test_a_loop_entered_every_few_steps_is_not_checked_at_every_entry(monkeypatc
     assert 2 <= len(checks) <= 5, checks  # about 395 replays: entries at ~128 and ~256 apart, periodic at 128 and 256
 
 
-def test_a_graphed_model_reading_a_value_that_starts_moving_after_the_capture_goes_eager_at_the_next_check(monkeypatch):
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+def test_a_graphed_model_reading_a_value_that_starts_moving_after_the_capture_goes_eager_at_the_next_check(always_capture):
     torch.manual_seed(0)
     model = _Tempered().cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)

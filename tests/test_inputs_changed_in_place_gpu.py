@@ -52,8 +52,7 @@ def _train(wrap_step=None, wrap_model=None, steps=30):
     return [p.detach().clone() for p in model.parameters()], read, messages, step if wrap_step else call
 
 
-def test_a_captured_step_hands_back_the_inputs_it_changed_in_place(monkeypatch):
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+def test_a_captured_step_hands_back_the_inputs_it_changed_in_place(always_capture):
     expected, expected_read, _, _ = _train()
     got, read, messages, step = _train(wrap_step=CapturedStep)
     (captured,) = step.state.graphs.values()
@@ -63,8 +62,7 @@ def test_a_captured_step_hands_back_the_inputs_it_changed_in_place(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_a_graphed_model_that_changes_its_input_in_place_stays_eager(monkeypatch):
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+def test_a_graphed_model_that_changes_its_input_in_place_stays_eager(always_capture):
     expected, expected_read, _, _ = _train()
     got, read, messages, call = _train(wrap_model=GraphedModule)
     assert len(messages) == 1 and "changes an input in place" in messages[0], messages

@@ -22,11 +22,6 @@ from graphify.verify import verify_file
 pytestmark = pytest.mark.cuda
 
 
-@pytest.fixture
-def always_capture(monkeypatch):
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")  # verify's children inherit it
-
-
 SCRIPT = textwrap.dedent("""\
     import torch
     import torch.nn as nn

@@ -52,10 +52,9 @@ def _train(wrap, epochs: int, steps: int, per_step: bool = False, momentum_from:
     return [p.detach().clone() for p in model.parameters()], step, messages, calls.count(False)
 
 
-def test_a_per_epoch_schedule_of_sgd_is_captured_again_each_epoch_without_a_new_warmup(monkeypatch):
+def test_a_per_epoch_schedule_of_sgd_is_captured_again_each_epoch_without_a_new_warmup(always_capture):
     """More epochs than MAX_KEYS, each long enough to pay for its capture: every epoch captures again with
     its learning rate (no warning, no eager call after the first warmup) and trains as eager."""
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     epochs, steps = MAX_KEYS + 4, FEW_REPLAYS + 8
     expected = _train(lambda f: f, epochs, steps)[0]
     got, step, messages, eager_calls = _train(CapturedStep, epochs, steps)
@@ -69,8 +68,7 @@ def test_a_per_epoch_schedule_of_sgd_is_captured_again_each_epoch_without_a_new_
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_a_learning_rate_moved_every_step_leaves_sgd_eager_with_one_warning(monkeypatch):
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+def test_a_learning_rate_moved_every_step_leaves_sgd_eager_with_one_warning(always_capture):
     expected = _train(lambda f: f, 2, 40, per_step=True)[0]
     got, step, messages, _ = _train(CapturedStep, 2, 40, per_step=True)
     assert len(messages) == 1 and f"changed within {FEW_REPLAYS} replays of its capture" in messages[0], messages
@@ -79,10 +77,9 @@ def test_a_learning_rate_moved_every_step_leaves_sgd_eager_with_one_warning(monk
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_a_momentum_turned_on_warms_up_again_so_that_its_buffers_are_made_eagerly(monkeypatch):
+def test_a_momentum_turned_on_warms_up_again_so_that_its_buffers_are_made_eagerly(always_capture):
     """A capture that made SGD's momentum buffers would zero them at every replay: the step warms up again
     after any setting but the learning rate moved."""
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     expected = _train(lambda f: f, 4, FEW_REPLAYS + 8, momentum_from=2)[0]
     got, step, messages, eager_calls = _train(CapturedStep, 4, FEW_REPLAYS + 8, momentum_from=2)
     assert messages == [] and step.state.graphs and step.state.recaptures == 3 and eager_calls == 2 * (step.warmup + 1), messages

@@ -51,8 +51,7 @@ def _train_with_restore(wrap, epochs=4, steps=30):
     return [p.detach().clone() for p in model.parameters()], step, messages
 
 
-def test_optimizer_state_restored_from_a_checkpoint_is_captured_again(monkeypatch):
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+def test_optimizer_state_restored_from_a_checkpoint_is_captured_again(always_capture):
     expected = _train_with_restore(lambda f: f)[0]
     got, step, messages = _train_with_restore(CapturedStep)
     assert messages == [] and step.state.graphs and step.state.recaptures == 1, (messages, step.state.recaptures)
@@ -60,8 +59,7 @@ def test_optimizer_state_restored_from_a_checkpoint_is_captured_again(monkeypatc
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_a_graphed_model_whose_layer_was_swapped_runs_eagerly(monkeypatch):
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+def test_a_graphed_model_whose_layer_was_swapped_runs_eagerly(always_capture):
 
     def run(graphed: bool):
         torch.manual_seed(0)

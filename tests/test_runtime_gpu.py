@@ -254,10 +254,9 @@ def _adding_a_param_group(wrap_step, steps=20, added_at=8):
 
 
 @pytest.mark.cuda
-def test_a_param_group_added_between_steps_is_stepped_by_the_next_graph(monkeypatch):
+def test_a_param_group_added_between_steps_is_stepped_by_the_next_graph(always_capture):
     """The graph captured before the group was added steps only the groups it saw: the runtime captures
     again, with the new group made capturable."""
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     expected, _ = _adding_a_param_group(lambda f: f)
     with warnings.catch_warnings():
         warnings.simplefilter("error", GraphifyFallbackWarning)
