@@ -1138,10 +1138,10 @@ CASES = {
         """
         history = []
         def track(out, y):
-            history.append((out.argmax(1) == y).float().mean())  # here
+            history.append((out.argmax(1) == y).float().mean())
             return out
         for x, y in loader:
-            out = track(model(x), y)
+            out = track(model(x), y)  # here
             loss = criterion(out, y)
             loss.backward(); opt.step(); opt.zero_grad()
         """,
@@ -1206,12 +1206,12 @@ CASES = {
             global scale
             scale *= 0.5
         def cool():
-            global temperature  # here
+            global temperature
             temperature *= 0.9
         for epoch in range(4):
             decay()  # here
             for x, y in loader:
-                cool()
+                cool()  # here
                 loss = criterion(model(x) / temperature, y) * scale
                 loss.backward(); opt.step(); opt.zero_grad()
         def train():

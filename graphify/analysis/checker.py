@@ -17,7 +17,7 @@ from graphify.analysis.targets import unwrap_iterable
 from graphify.analysis.names import dotted
 from graphify.analysis.program import ModuleInfo
 from graphify.analysis.values import Env
-from graphify.analysis.vocabulary import ADAM_FAMILY, SCALER, is_torch_tensor_call
+from graphify.analysis.vocabulary import ADAM_FAMILY, SCALER, is_tensor_metadata_method, is_torch_tensor_call
 from graphify.model import Rule
 
 _EMPTY_MODULE = cst.Module([])
@@ -253,6 +253,55 @@ class Checker:
             names.update(n.value for n in iter_nodes(self.loop.node.target) if isinstance(n, cst.Name))
         return names
 
+    # ---- loop invariance ----------------------------------------------------------------------
+
+    @cached_property
+    def _changed_in_loop(self) -> tuple[set[str], set[str]]:
+        """Names and attribute chains (`self.use_amp`, `args.lr`) that an iteration may rebind: the loop
+        body's bindings and counters, attributes any function it reaches assigns, names those functions
+        rebind through `global`."""
+        names = self.counters | self.assigned_in_loop
+        chains: set[str] = set()
+        declared_global: set[str] = set()
+        for node, _ in self.nodes():
+            if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+                targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+                for target in targets:
+                    for part in iter_nodes(target):
+                        if isinstance(part, (cst.Attribute, cst.Subscript)) and dotted(_base(part)):
+                            chains.add(dotted(_base(part)))
+                        elif isinstance(part, cst.Name) and part.value in declared_global:
+                            names.add(part.value)
+            elif isinstance(node, (cst.Global, cst.Nonlocal)):
+                declared_global.update(n.name.value for n in node.names)
+            elif (m := method_call(node)) is not None and m[1] in ("train", "eval") and dotted(m[0]):
+                chains.add(f"{dotted(m[0])}.training")  # a mode call changes the module's flag
+        return names, chains
+
+    def is_loop_invariant(self, expr: cst.BaseExpression, env: Env | None = None, depth: int = 0) -> bool:
+        """Whether an expression has one value for the whole loop: it reads no tensor values, calls only pure
+        builtins and tensor metadata, and reads names and attributes nothing in the loop (nor any function
+        it reaches) rebinds. A parameter of a called function is as invariant as its argument."""
+        env = env or self.body_env
+        if env._tensor(expr, 0) is True:
+            return False
+        names, chains = self._changed_in_loop
+        outer_attributes = {id(n.value) for n in iter_nodes(expr) if isinstance(n, cst.Attribute)}
+        for n in iter_nodes(expr):
+            if isinstance(n, cst.Call) and not _pure_call(n):
+                return False
+            chain = dotted(n) if isinstance(n, (cst.Name, cst.Attribute)) and id(n) not in outer_attributes else None
+            if chain is None:
+                continue
+            parts = chain.split(".")
+            if parts[0] in env.bound and env is not self.body_env:
+                caller, arg = env.bound[parts[0]]
+                if depth > 4 or not self.is_loop_invariant(arg, caller, depth + 1):
+                    return False
+            elif parts[0] in names or {".".join(parts[:k]) for k in range(1, len(parts) + 1)} & chains:
+                return False
+        return True
+
     # ---- host reads -----------------------------------------------------------------------
 
     def statement_of(self, site: Site) -> cst.CSTNode | None:
@@ -373,6 +422,21 @@ class Checker:
             if isinstance(call.func, cst.Name) and call.func.value == "next" and call.args:
                 found.append((call.args[0].value, site.env))
         return found
+
+
+_PURE_BUILTINS = {"len", "isinstance", "hasattr", "getattr", "min", "max", "abs", "int", "float", "bool", "str", "round", "any", "all"}
+
+
+def _pure_call(call: cst.Call) -> bool:
+    """`len(x)`, `isinstance(x, T)`, `x.size(0)`, `x.is_contiguous()`: a call that reads and changes nothing."""
+    if isinstance(call.func, cst.Name):
+        return call.func.value in _PURE_BUILTINS
+    return isinstance(call.func, cst.Attribute) and is_tensor_metadata_method(call.func.attr.value)
+
+
+def _base(target: cst.BaseExpression) -> cst.BaseExpression:
+    """The object an assignment changes: `self.stats` for `self.stats["loss"] = ...`."""
+    return target.value if isinstance(target, cst.Subscript) else target
 
 
 def is_device_arg(expr: cst.BaseExpression, env: Env) -> bool:

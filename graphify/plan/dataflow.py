@@ -241,6 +241,7 @@ def check_moved_statement(plan, body, index: int, refuse) -> None:
         )
     region = plan.loop.region
     later = set().union(*(names_read(body[i]) for i in plan.graph if i > index))
+    later_ids = {id(n) for i in plan.graph if i > index for n in walk(body[i])}
     followed = {id(b.call) for b in region.blocks if b.call is not None}
     inside = {id(n) for n in walk(body[index])}
     here = Site(region.body_block, ())
@@ -250,8 +251,14 @@ def check_moved_statement(plan, body, index: int, refuse) -> None:
         for n, site in region.nodes
         if site.block is not region.body_block and any(id(call) in inside for call in region.body_calls_of(site))
     ]
+    # names the later captured statements read, in the loop body and in the functions they call
+    later |= {
+        n.value
+        for n, site in region.nodes
+        if type(n) is cst.Name and site.block is not region.body_block and any(id(c) in later_ids for c in region.body_calls_of(site))
+    }
     for n, site in nodes:
-        why = _moved_effect(n, site.env, later, followed)
+        why = _moved_effect(n, site, later, followed)
         if why:
             return refuse(ORDER, body[index], f"{why}; it sits between captured statements and cannot run after the whole step")
     changer = next((c for i in plan.graph if i > index for c in walk(body[i]) if _changes_parameters(c, here.env)), None)
@@ -316,11 +323,15 @@ def exit_of(node: cst.CSTNode, in_loop: bool = False, in_def: bool = False) -> s
     return None
 
 
-def _moved_effect(n, env, later: set[str], followed: set[int]) -> str | None:
+def _moved_effect(n, site, later: set[str], followed: set[int]) -> str | None:
+    env = site.env
     if isinstance(n, (cst.Global, cst.Nonlocal)):
         return "it rebinds a variable outside its scope"
-    if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and attribute_targets(n):
-        return "it assigns an attribute"
+    if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+        owners = {_owner_in_loop_body(t, site) for t in attribute_targets(n)}
+        if None in owners or owners & later:
+            return "it assigns an attribute"
+        return None  # host bookkeeping on an object the rest of the step never reads (a meter's sums)
     if not isinstance(n, cst.Call) or id(n) in followed or is_host_read_call(n, env) or is_logging_call(n, env):
         return None
     code = cst.Module([]).code_for_node(n.func)
@@ -340,6 +351,19 @@ def _moved_effect(n, env, later: set[str], followed: set[int]) -> str | None:
         if method in _PURE_METHODS or (env.is_tensor(n.func.value) and not method.endswith("_")):
             return None
     return f"`{code}(...)` may change state the step uses"
+
+
+def _owner_in_loop_body(target: cst.Attribute, site) -> str | None:
+    """The loop body's name for the object an attribute assignment changes: `top` for `self.sum += v` in
+    `AverageMeter.update`, called as `top.update(...)`; None when it cannot be told (a module-level object,
+    an object a function builds or receives)."""
+    root, block = (dotted(target.value) or "").split(".")[0], site.block
+    while block.call is not None:
+        if root != "self" or not isinstance(block.call.func, cst.Attribute):
+            return None
+        root = (dotted(block.call.func.value) or "").split(".")[0]
+        block = block.parent
+    return root or None if root in block.env.scope.values or root in block.env.bound else None
 
 
 _PROCESS_STATE = {"set_grad_enabled", "manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state", "set_rng_state_all"}

@@ -80,9 +80,14 @@ def _refuse_outputs_bound_on_some_steps(plan: Plan, body: list[cst.BaseStatement
     has nothing to return there, so such a step is not captured whole."""
     for name in plan.outputs:
         binders = [i for i in plan.graph if name in names_written(body[i])]
-        if binders and all(i in plan.keys for i in binders):
+        if binders and all(i in plan.keys and not _bound_on_every_outcome(body[i], name) for i in binders):
             why = f"`{name}` is bound only on steps that take this branch; the others read an earlier step's `{name}`, which the captured step cannot return"
             refuse(HOST_BRANCH_IN_STEP, body[binders[0]], why)
+
+
+def _bound_on_every_outcome(stmt: cst.If, name: str) -> bool:
+    """`if use_amp: loss = ... else: loss = ...`: both branches bind the name."""
+    return isinstance(stmt.orelse, cst.Else) and name in names_written(stmt.body) and name in names_written(stmt.orelse.body)
 
 
 def _target_slots(target: cst.BaseExpression) -> list[cst.BaseExpression]:

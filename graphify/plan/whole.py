@@ -97,7 +97,7 @@ def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refu
         i
         for i, s in enumerate(body)
         if holds(s, is_model_call, model_calls | step_calls)
-        and (i in anchors or loop.kind != "train" or not _is_periodic_branch(s, env, step_calls))
+        and (i in anchors or loop.kind != "train" or not _is_periodic_branch(body, i, anchors, env, step_calls))
     ]
     if not anchors or not starts:  # the model reached through a dict of functions, `super()`: not followed
         seen = "the optimizer step" if loop.kind == "train" and not anchors else "a model call"
@@ -258,8 +258,8 @@ def _pull_in_zero_grad(plan: Plan, body: list[cst.BaseStatement], env: Env) -> N
     the gradients to the graph's pool, which every replay refills in place; left outside, it would
     cost a Python call per step and leave `.grad` unset after each replay. Statements between it and
     the step (batch preparation) must not touch gradients, nor leave the iteration (`if done: break`)."""
-    if plan.keys:  # gradient accumulation: the keyed branches zero the gradients
-        return
+    if any(any(isinstance(n, cst.Call) and (is_step_op(n, env) or is_zero_grad(n)) for n in walk(body[k])) for k in plan.keys):
+        return  # gradient accumulation: the keyed branches step and zero the gradients
     for i in range(plan.first - 1, -1, -1):
         stmt = body[i]
         if dataflow.exit_of(stmt):
@@ -313,22 +313,31 @@ def _hoist_host_reads(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env)
     plan.hoisted_reads.update(id(call) for call, _ in reads)
 
 
-def _is_periodic_branch(stmt: cst.BaseStatement, env: Env, step_calls: set[int]) -> bool:
-    """`if step % k == 0:` holding evaluation (model calls, no backward or optimizer step)."""
-    return (
-        isinstance(stmt, cst.If)
-        and env._tensor(stmt.test, 0) is not True
-        and not any(isinstance(n, cst.Call) and (is_step_op(n, env) or is_backward(n, env) or id(n) in step_calls) for n in walk(stmt))
-    )
+def _is_periodic_branch(body: list[cst.BaseStatement], index: int, anchors: list[int], env: Env, step_calls: set[int]) -> bool:
+    """`if step % k == 0:` holding evaluation (model calls, no backward or optimizer step), whose results
+    the step's GPU work does not read: a branch binding the loss the step backpropagates (`if use_amp:
+    loss = ... else: loss = ...`) is part of the step."""
+    stmt = body[index]
+    if not isinstance(stmt, cst.If) or env._tensor(stmt.test, 0) is True:
+        return False
+    if any(isinstance(n, cst.Call) and (is_step_op(n, env) or is_backward(n, env) or id(n) in step_calls) for n in walk(stmt)):
+        return False
+    later = range(index + 1, max(anchors, default=index) + 1)
+    step_reads = set().union(*(names_read(body[j]) for j in later if does_gpu_work(body[j], env)))
+    return not names_written(stmt) & step_reads
 
 
 def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env, refuse) -> None:
     if env._tensor(stmt.test, 0) is True:
         return
-    if stmt.orelse is not None:
-        return refuse(HOST_BRANCH_IN_STEP, stmt, "a host branch with `else` inside the step")
     if not isinstance(stmt.body, cst.IndentedBlock):
         return refuse(HOST_BRANCH_IN_STEP, stmt, "a one-line host branch inside the step")
+    if stmt.orelse is not None:
+        # the key holds the test's outcome, so each branch gets its graph; an `elif` would decide inside the step
+        if not isinstance(stmt.orelse, cst.Else) or not isinstance(stmt.orelse.body, cst.IndentedBlock):
+            return refuse(HOST_BRANCH_IN_STEP, stmt, "a host branch with `elif` inside the step")
+        if not all(does_gpu_work(s, env) for s in stmt.orelse.body.body):
+            return refuse(HOST_BRANCH_IN_STEP, stmt.orelse, "host statements in the `else` branch of a host branch inside the step")
     plan.keys.append(index)
     host = [k for k, s in enumerate(stmt.body.body) if not does_gpu_work(s, env)]
     if host:

@@ -3,7 +3,6 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of
-from graphify.analysis.names import dotted
 from graphify.analysis.calls import is_optimizer_step, is_periodic_gpu_branch, iter_nodes, method_call
 from graphify.analysis.statements import does_gpu_work, is_host_read_call
 from graphify.analysis.vocabulary import ACCELERATOR, MODEL, OPTIMIZER, SCALER
@@ -41,34 +40,6 @@ def _is_counter_modulo(test) -> bool:
 def _reads_counter(test, ck) -> bool:
     counters = ck.counters
     return any(isinstance(n, cst.Name) and n.value in counters for n in iter_nodes(test))
-
-
-_CONFIG_ROOTS = {"args", "opt", "opts", "config", "cfg", "conf", "hparams", "params", "flags", "FLAGS", "hp", "settings"}
-
-
-def _run_constant(test, ck, env, depth: int = 0) -> bool:
-    """A test on configuration that the loop never changes: `if args.autotune:`, `if scaler is not
-    None:`, `if args.accum_freq == 1:`. It takes the same branch on every step, so it is no
-    accumulation schedule; the runtime's first call sees which way it goes. In a called function, a
-    parameter is as constant as the argument it is given."""
-    changed = ck.counters | ck.assigned_in_loop
-    inner = {id(n.value) for n in iter_nodes(test) if isinstance(n, cst.Attribute)}
-    for n in iter_nodes(test):
-        if isinstance(n, cst.Call):
-            return False
-        if isinstance(n, cst.Name) and n.value in env.bound and env is not ck.body_env and depth < 4:
-            caller, arg = env.bound[n.value]
-            if not _run_constant(arg, ck, caller, depth + 1):
-                return False
-        elif isinstance(n, cst.Name) and n.value in changed:
-            return False
-        if isinstance(n, cst.Attribute) and id(n) not in inner:
-            parts = (dotted(n) or "").split(".")
-            if parts[0] == "self":
-                parts = parts[1:]
-            if len(parts) < 2 or parts[0] not in _CONFIG_ROOTS:
-                return False
-    return True
 
 
 def _reads_loop_value(test, ck, env, depth: int = 0) -> bool:
@@ -182,7 +153,7 @@ def check(ck):
             continue
         if not isinstance(node, cst.If) or site.env._tensor(node.test, 0) is True:
             continue
-        if _steps_optimizer(node.body, site.env) and not _run_constant(node.test, ck, site.env):
+        if _steps_optimizer(node.body, site.env) and not ck.is_loop_invariant(node.test, site.env):
             yield ck.finding(
                 ACCUMULATION,
                 node,
@@ -214,7 +185,7 @@ def check(ck):
                 False,
             )
         elif (
-            is_periodic_gpu_branch(node, site.env)
+            (is_periodic_gpu_branch(node, site.env) and not ck.is_loop_invariant(node.test, site.env))
             or (_reads_counter(node.test, ck) and (does_gpu_work(node.body, site.env) or _else_does_gpu_work(node, site.env)))
             or (_on_sync_boundary(node.test, site.env) and _does_work(node.body, site.env))
         ):

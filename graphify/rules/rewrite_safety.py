@@ -54,7 +54,7 @@ HOST_BRANCH_IN_STEP = rule(
     "host-branch-with-else-in-step",
     "rewrite-safety",
     "error",
-    "a host `if` inside the step with an `else`, on one line, or alone binding a value read after the step; one graph per outcome is not built for it",
+    "a host `if` inside the step with an `elif`, on one line, with host statements in its `else`, or alone binding a value read after the step; one graph per outcome is not built for it",
     False,
 )
 LOOP_SHAPE = rule(
@@ -82,7 +82,7 @@ FIXES = {
     "GFY702": "fetch batches and draw host random numbers before the step; draw random numbers on the device inside it",
     "GFY703": "keep such state on the device, or constant for the loop; change modes outside the step",
     "GFY704": "put host work before the forward pass or after the optimizer step",
-    "GFY705": "write the branch as `if` without `else`, or move it out of the step",
+    "GFY705": "write the branch as `if`/`else` whose branches only launch GPU work, or move it out of the step",
     "GFY706": "keep the step in the loop body (not in functions defined in the loop), and `else:` logic after the loop",
 }
 

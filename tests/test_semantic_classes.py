@@ -1,0 +1,412 @@
+"""Classes of code the analysis must understand by what it means, not by how one script spells it. Each
+class is tested over variants: tensor metadata is host data; values nothing in the loop rebinds are
+constants of the loop; host bookkeeping (meters, lists, progress bars) moves after the replay; mode calls
+at the top of a step are replayed by the runtime; every refusal names its real blocker."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from graphify.config import Settings
+from graphify.engine import analyze_source
+from graphify.rewrite import rewrite_source
+
+_HEADER = """\
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm import tqdm
+"""
+
+
+def _outcomes(source: str):
+    result = rewrite_source(_HEADER + textwrap.dedent(source), "train.py", Settings())
+    assert not result.errors, result.errors
+    return result
+
+
+def _train_loops(result):
+    return [o for o in result.outcomes if o.kind == "train"]
+
+
+def _codes(source: str) -> set[str]:
+    report = analyze_source(_HEADER + textwrap.dedent(source), "train.py", Settings())
+    return {d.code for d in report.diagnostics}
+
+
+# ---- 1. tensor metadata is host data ------------------------------------------------------------
+
+_METADATA_MODEL = """
+class Generator(nn.Module):
+    def __init__(self, ngpu):
+        super().__init__()
+        self.ngpu = ngpu
+        self.main = nn.Sequential(nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 10))
+
+    def forward(self, input):
+        if {condition}:
+            output = nn.parallel.data_parallel(self.main, input, range(self.ngpu))
+        else:
+            output = self.main(input)
+        return output
+
+
+def main(loader):
+    device = torch.device("cuda")
+    net = Generator(1).to(device)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for epoch in range(3):
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            loss = ((net(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+"""
+
+METADATA_CONDITIONS = [
+    "input.is_cuda and self.ngpu > 1",
+    "(input.is_cuda or input.is_xpu) and self.ngpu > 1",
+    "input.is_mps or input.is_xpu",
+    'input.device.type == "cuda" and self.ngpu > 1',
+    "input.dim() == 3 and input.shape[-1] > 1",
+    "input.ndim + 1 > 2",
+    "input.requires_grad or input.dtype == torch.float16",
+    "input.size(0) % 2 == 0 and not input.is_sparse",
+    "input.is_contiguous() and input.numel() > 4",
+    "len(input) > 2 * input.size(1)",
+]
+
+
+@pytest.mark.parametrize("condition", METADATA_CONDITIONS)
+def test_a_branch_on_tensor_metadata_is_no_tensor_branch(condition):
+    source = _METADATA_MODEL.format(condition=condition)
+    assert "GFY101" not in _codes(source)
+    [loop] = _train_loops(_outcomes(source))
+    assert loop.rewritten and not loop.model_only, loop.reasons
+
+
+def test_a_branch_on_a_tensor_value_next_to_metadata_is_still_one():
+    source = _METADATA_MODEL.format(condition="input.is_cuda and input.sum() > 0")
+    assert "GFY101" in _codes(source)
+    [loop] = _train_loops(_outcomes(source))
+    assert not loop.rewritten or loop.model_only
+
+
+def test_a_metadata_read_in_a_bookkeeping_call_is_no_gpu_work():
+    """`meter.update(loss.item(), x.size(0))`: `x.size(0)` reads a shape, it launches nothing."""
+    source = """
+    def main(model, loader, device):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        seen = []
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            seen.append((loss.item(), x.size(0), x.shape[0], x.dim()))
+        return seen
+    """
+    [loop] = _train_loops(_outcomes(source))
+    assert loop.rewritten and not loop.model_only, loop.reasons
+
+
+# ---- 2. values nothing in the loop rebinds are constants of the loop ----------------------------
+
+_INVARIANT_BRANCHES = {
+    "parameter": """
+    def train(model, loader, opt, device, use_amp):
+        model.train()
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            if use_amp:
+                with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                    loss = F.cross_entropy(model(x), y)
+            else:
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+    """,
+    "config-attribute": """
+    def train(model, loader, opt, args):
+        for x, y in loader:
+            x, y = x.to(args.device), y.to(args.device)
+            opt.zero_grad()
+            if args.mixed_precision and args.device == "cuda":
+                with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                    loss = F.cross_entropy(model(x), y)
+            else:
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+    """,
+    "self-attribute": """
+    class Trainer:
+        def __init__(self, model, opt, use_amp):
+            self.model, self.opt, self.use_amp = model, opt, use_amp
+
+        def fit(self, loader):
+            for x, y in loader:
+                x, y = x.cuda(), y.cuda()
+                self.opt.zero_grad()
+                if self.use_amp:
+                    with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                        loss = F.cross_entropy(self.model(x), y)
+                else:
+                    loss = F.cross_entropy(self.model(x), y)
+                loss.backward()
+                self.opt.step()
+    """,
+    "model-choice": """
+    def train(model, ema_model, loader, opt, distill):
+        for x, y in loader:
+            x, y = x.cuda(), y.cuda()
+            out = model(x)
+            if distill:
+                with torch.no_grad():
+                    target = ema_model(x).softmax(-1)
+                loss = F.kl_div(out.log_softmax(-1), target, reduction="batchmean")
+            else:
+                loss = F.cross_entropy(out, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    """,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_INVARIANT_BRANCHES))
+def test_a_branch_on_a_value_the_loop_never_rebinds_is_captured(name):
+    [loop] = _train_loops(_outcomes(_INVARIANT_BRANCHES[name]))
+    assert loop.rewritten and not loop.model_only, loop.reasons
+    assert "GFY705" not in loop.reasons and "GFY706" not in loop.reasons
+
+
+def test_the_branch_outcome_keys_the_graph():
+    """The runtime keys its graphs by the branch's outcome: a value changed between entries of the loop
+    selects another graph instead of replaying the one captured for the old value."""
+    result = _outcomes(_INVARIANT_BRANCHES["parameter"])
+    assert "key=(use_amp,)" in result.code
+
+
+def test_a_branch_on_a_value_the_step_itself_changes_stays_refused():
+    source = """
+    def train(model, loader, opt):
+        warm = True
+        for x, y in loader:
+            x = x.cuda()
+            opt.zero_grad()
+            if warm:
+                loss = model(x).pow(2).mean()
+                warm = model(x).sum().item() > 0
+            else:
+                loss = model(x).abs().mean()
+            loss.backward()
+            opt.step()
+    """
+    [loop] = _train_loops(_outcomes(source))
+    assert not loop.rewritten or loop.model_only
+
+
+# ---- 3. host bookkeeping is not GPU state --------------------------------------------------------
+
+_METER = """
+class AverageMeter:
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.val = self.avg = self.sum = self.count = 0
+
+    def update(self, val, n=1):
+        self.val = val
+        self.sum += val * n
+        self.count += n
+        self.avg = self.sum / self.count
+"""
+
+_BOOKKEEPING = {
+    "meter-between-forward-and-backward": """
+    def train(model, loader, opt, device):
+        losses = AverageMeter()
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+            losses.update(loss.item(), x.size(0))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return losses.avg
+    """,
+    "meter-between-backward-and-step": """
+    def train(model, loader, opt, device):
+        top = AverageMeter()
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            top.update(loss.item(), x.shape[0])
+            opt.step()
+        return top.avg
+    """,
+    "numpy-append": """
+    def train(model, loader, opt, device):
+        history = np.array([])
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            history = np.append(history, loss.item())
+            loss.backward()
+            opt.step()
+        return history
+    """,
+    "dict-of-metrics": """
+    def train(model, loader, opt, device):
+        metrics = {}
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            metrics["loss"] = loss.item()
+            loss.backward()
+            opt.step()
+        return metrics
+    """,
+    "progress-bar": """
+    def train(model, loader, opt, device):
+        bar = tqdm(loader)
+        for x, y in bar:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            bar.set_postfix(loss=loss.item())
+            loss.backward()
+            opt.step()
+    """,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BOOKKEEPING))
+def test_host_bookkeeping_nothing_in_the_step_reads_moves_after_the_replay(name):
+    result = _outcomes(_METER + textwrap.dedent(_BOOKKEEPING[name]))
+    [loop] = _train_loops(result)
+    assert loop.rewritten and not loop.model_only, loop.reasons
+    assert "GFY703" not in loop.reasons
+
+
+def test_a_meter_the_step_reads_stays_refused():
+    """The meter's average feeds the loss: its update must run at every step, before the loss."""
+    source = _METER + textwrap.dedent(
+        """
+    def train(model, loader, opt, device):
+        norm = AverageMeter()
+        norm.update(1.0)
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            out = model(x)
+            norm.update(x.shape[0])
+            loss = F.cross_entropy(out, y) / norm.avg
+            loss.backward()
+            opt.step()
+    """
+    )
+    [loop] = _train_loops(_outcomes(source))
+    assert not loop.rewritten or loop.model_only
+
+
+def test_a_refused_meter_is_reported_at_the_call_in_the_loop():
+    source = _METER + textwrap.dedent(
+        """
+    def train(model, loader, opt, device):
+        norm = AverageMeter()
+        norm.update(1.0)
+        for x, y in loader:
+            x = x.to(device)
+            opt.zero_grad()
+            norm.update(x.shape[0])
+            loss = model(x).pow(2).mean() / norm.avg
+            loss.backward()
+            opt.step()
+    """
+    )
+    report = analyze_source(_HEADER + textwrap.dedent(source), "train.py", Settings())
+    lines = {d.line for d in report.diagnostics if d.code == "GFY703"}
+    lines_of_source = textwrap.dedent(source).splitlines()
+    meter_call = 1 + _HEADER.count("\n") + next(i for i, text in enumerate(lines_of_source) if text.strip() == "norm.update(x.shape[0])")
+    assert lines == {meter_call}
+
+
+# ---- 4. mode calls once per step ----------------------------------------------------------------
+
+_MODE_CALLS = {
+    "train-at-the-top-of-a-full-batch-step": """
+    def train(model, x, y, opt):
+        model.train()
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def main(model, x, y):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for epoch in range(1, 201):
+            loss = train(model, x, y, opt)
+            if epoch % 10 == 0:
+                print(epoch, loss.item())
+    """,
+    "train-in-the-loop-body": """
+    def main(model, loader, opt):
+        for x, y in loader:
+            x, y = x.cuda(), y.cuda()
+            model.train()
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+    """,
+    "eval-of-a-teacher-in-the-step": """
+    def main(student, teacher, loader, opt):
+        for x, y in loader:
+            x = x.cuda()
+            teacher.eval()
+            with torch.no_grad():
+                target = teacher(x)
+            loss = F.mse_loss(student(x), target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    """,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MODE_CALLS))
+def test_a_mode_call_in_the_step_is_replayed_not_refused(name):
+    [loop] = _train_loops(_outcomes(_MODE_CALLS[name]))
+    assert loop.rewritten and not loop.model_only, loop.reasons
+    assert "GFY703" not in loop.reasons
+
+
+def test_a_hook_registered_in_the_step_stays_refused():
+    source = """
+    def main(model, loader, opt):
+        for x, y in loader:
+            x, y = x.cuda(), y.cuda()
+            opt.zero_grad()
+            out = model(x)
+            model.register_forward_hook(lambda m, i, o: None)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            opt.step()
+    """
+    [loop] = _train_loops(_outcomes(source))
+    assert not loop.rewritten or loop.model_only
