@@ -20,7 +20,9 @@ from graphify.analysis.calls import (
     local_function,
     _mentions_no_grad,
     returned_closure,
+    is_backward,
     is_mapped_lambda,
+    is_optimizer_step,
     is_model_call,
     is_no_grad_item,
     is_periodic_gpu_branch,
@@ -78,6 +80,8 @@ class ModuleAnalysis:
             body = Block(func, env, [node])
             captured = self._already_captured(node, env)
             direct_steps, direct_models = (False, False) if captured else self._direct_work(body, node)
+            if direct_steps and self._only_flushes(body, node):
+                continue  # an epoch loop stepping what its step loop accumulated (`if leftover: opt.step()`)
             if captured or direct_steps:
                 region = self._region(body, node, include_nested=self._is_separate_eval_loop)
                 for n, _ in region.nodes:
@@ -333,6 +337,18 @@ class ModuleAnalysis:
                 steps = steps or is_step_op(node, site.env)
                 models = models or is_model_call(node, site.env)
         return steps, models
+
+    def _only_flushes(self, block: Block, loop: cst.CSTNode) -> bool:
+        """Whether the loop's own steps only apply gradients a nested loop accumulated: it runs no backward and
+        no model itself, and a loop nested in it runs a backward pass and steps an optimizer (a step loop)."""
+        own = [(n, s) for n, s in self._walk(block, loop, lambda *a: True, True, {id(block.func.node)}) if isinstance(n, cst.Call)]
+        if any(is_backward(n, s.env) or is_model_call(n, s.env) for n, s in own):
+            return False
+        for nested in (n for n in _iter_nodes(loop.body) if type(n) in LOOPS):
+            calls = [(n, s) for n, s in self._walk(Block(block.func, block.env, [nested]), nested, lambda *a: True, True, set()) if isinstance(n, cst.Call)]
+            if any(is_backward(n, s.env) for n, s in calls) and any(is_optimizer_step(n, s.env) for n, s in calls):
+                return True
+        return False
 
     def _has_step_anywhere(self, block: Block, loop: cst.CSTNode) -> bool:
         return any(is_step_op(n, s.env) for n, s in self._walk(block, loop, lambda *a: False, True, {id(block.func.node)}))
