@@ -34,7 +34,10 @@ Analyzer = Callable[[str, str, "Settings"], "Report"]
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="graphify")
 def cli() -> None:
-    """Find CUDA-graph breakers in PyTorch training loops."""
+    """Find CUDA-graph breakers in PyTorch training loops, and rewrite the loops to capture their steps.
+
+    `graphify COMMAND --help` tells more of each command.
+    """
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -59,7 +62,7 @@ def get_analyzer() -> Analyzer:
     return analyze_source
 
 
-@cli.command()
+@cli.command(short_help="Report graph breakers and a verdict for each loop (`-`: standard input).")
 @click.argument("paths", nargs=-1, type=click.Path(readable=False))  # an unreadable file is one error line, not a usage error
 @click.option("--format", "--output-format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True, help="Output format.")
 @click.option(
@@ -185,15 +188,12 @@ def _set_apart_warnings(report: Report) -> list[FileError]:
 
 
 def _analyze_stdin(name: str, settings, analyzer) -> Report:
-    """Standard input read as a file is: its bytes decoded as Python decodes source (a coding cookie, a
-    BOM, else UTF-8), NUL bytes and oversize refused."""
-    from graphify.files import MAX_BYTES, SourceError, is_notebook, source_from_bytes
+    from graphify.files import SourceError
     from graphify.model import FileError, Report
-    from graphify.notebooks import NOTEBOOK_MAX_BYTES
+    from graphify.notebooks import read_stdin
 
-    limit = NOTEBOOK_MAX_BYTES if is_notebook(name) else MAX_BYTES  # as read_source reads either
     try:
-        text = source_from_bytes(sys.stdin.buffer.read(limit + 1), limit)
+        text = read_stdin(name)
     except SourceError as exc:
         return Report(errors=[FileError(name, exc.message)])
     return analyze_file(name, settings, analyzer, text=text)
@@ -334,7 +334,7 @@ def _fail(message: str, code: int = 2):
 # --- rules ---------------------------------------------------------------------------------------
 
 
-@cli.command("rules")
+@cli.command("rules", short_help="List every rule: code, name, category, severity, summary.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def rules_command(fmt: str) -> None:
     """List every rule: code, name, category, severity, rewritable, summary."""

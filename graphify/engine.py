@@ -11,11 +11,12 @@ import libcst as cst
 from graphify.analysis.checker import Checker, Finding, code_of, removable
 from graphify.analysis.discovery import ModuleAnalysis
 from graphify.analysis.region import Loop
-from graphify.analysis.rewritten import in_pasted_runtime, is_vendored_runtime
+from graphify.analysis.hand_capture import captured_kind
+from graphify.analysis.rewritten import RUNTIME_HELPERS, in_pasted_runtime, is_vendored_runtime, runtime_helper_assignments
 from graphify.analysis.statements import contains, walk
 from graphify.analysis.prefilter import might_hold_loops
 from graphify.analysis.program import ModuleInfo, Program
-from graphify.analysis.tree import children, forget, nested_too_deep
+from graphify.analysis.tree import children, descendants, forget, nested_too_deep
 from graphify.files import python_syntax_error
 from graphify.model import Diagnostic, FileError, LoopReport, Report, Verdict
 from graphify.plan import PartialPlan, Plan, Refusal, make_partial_plan, make_plan
@@ -63,6 +64,7 @@ def _collector_paused():
         gc.enable()
 
 
+REWRITTEN = "graphify runtime"  # the reason given for a loop that replays a CapturedStep or GraphedModule
 TOO_DEEP = "nested too deeply to analyse (an expression or block beyond Python's recursion limit)"
 
 
@@ -79,7 +81,8 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
     from graphify.suppressions import parse_suppressions
 
     report = Report(files_checked=1)
-    if not might_hold_loops(source) or is_vendored_runtime(source):
+    rewritten = any(f"{helper}(" in source for helper in RUNTIME_HELPERS)  # its loops may no longer step themselves
+    if not (might_hold_loops(source) or rewritten) or is_vendored_runtime(source):
         return ModuleResult(None, [], report)
     if nested_too_deep(source):  # libcst's native parser would overflow the C stack (a crash, not an error)
         report.errors.append(FileError(path, TOO_DEEP))
@@ -94,7 +97,8 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
     module = program.add(path, source, tree)
     suppressions: dict[str, object] = {}
     results = []
-    for loop in ModuleAnalysis(module).loops():
+    loops = ModuleAnalysis(module)
+    for loop in loops.loops():
         if in_pasted_runtime(loop.ancestors):
             continue
         analysis = LoopAnalysis(loop)
@@ -156,6 +160,7 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
             _try_partial(analysis, refusals)
         results.append(analysis)
         _report_loop(analysis, path, report)
+    _report_rewritten(loops, path, report)
     return ModuleResult(module, results, report)
 
 
@@ -259,6 +264,40 @@ def _report_loop(analysis: LoopAnalysis, path: str, report: Report) -> None:
             reasons=analysis.reasons,
         )
     )
+
+
+def _report_rewritten(loops: ModuleAnalysis, path: str, report: Report) -> None:
+    """Loops `graphify rewrite` turned into calls of a `CapturedStep` or `GraphedModule`: discovery leaves
+    them out (nothing is left to capture), and check says what they are rather than nothing. Of an epoch
+    loop around a batch loop, the innermost loop making the call is the rewritten one."""
+    module = loops.module
+    wrapped = dict(runtime_helper_assignments(module))  # name bound -> what it wraps
+    if not wrapped:
+        return
+    calling = {}
+    for node, func, ancestors in loops.loop_sites():
+        called = {n.func.value for n in descendants(node.body) if isinstance(n, cst.Call) and isinstance(n.func, cst.Name)} & wrapped.keys()
+        if called and not in_pasted_runtime(ancestors):
+            calling[id(node)] = (node, func, ancestors, called)
+    outer = {id(a) for *_, ancestors, _ in calling.values() for a in ancestors}
+    steps = {n.name.value: n for n in descendants(module.tree) if isinstance(n, cst.FunctionDef)}
+    for node, func, _, called in calling.values():
+        if id(node) in outer:
+            continue
+        kind = "train" if any(_trains(wrapped[name], steps, module) for name in called) else "inference"
+        pos = module.position(node)
+        report.loops.append(LoopReport(path, pos.start.line, pos.end.line, kind, func.qualname, Verdict.ALREADY_CAPTURED, [REWRITTEN]))
+
+
+def _trains(wrapped: cst.BaseExpression | None, steps: dict[str, cst.FunctionDef], module: ModuleInfo) -> bool:
+    """A GraphedModule wraps a model the loop trains; a CapturedStep, a step the rewrite named for its
+    loop's kind (`inference_step`), or one that steps or runs backward itself."""
+    name = wrapped.value if isinstance(wrapped, cst.Name) else ""
+    if name.startswith("inference_step"):
+        return False
+    if name.startswith("train_step") or name not in steps:  # named by the rewrite, or a GraphedModule's model
+        return True
+    return captured_kind(module.function_info(steps[name], None), module) == "train"
 
 
 def analyze_source(source: str, path: str, settings) -> Report:

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 
-from graphify.files import MAX_BYTES, SourceError, is_notebook, read_source
+from graphify.files import MAX_BYTES, SourceError, is_notebook, read_source, source_from_bytes
 
 NOTEBOOK_MAX_BYTES = 16 * MAX_BYTES  # outputs (plots, tables) make notebooks large; the code limit stays MAX_BYTES
 
@@ -193,3 +194,11 @@ def load_module(path: str, text: str | None = None) -> tuple[str, list[int] | No
         notebook = read_notebook(path, text)
         return notebook.source, notebook.starts
     return (read_source(path) if text is None else text), None
+
+
+def read_stdin(name: str) -> str:
+    """Standard input read as the file `name` is (a script or, by its suffix, a notebook): its bytes
+    decoded as Python decodes source (a coding cookie, a BOM, else UTF-8), NUL bytes and oversize
+    refused (SourceError)."""
+    limit = NOTEBOOK_MAX_BYTES if is_notebook(name) else MAX_BYTES  # as read_source reads either
+    return source_from_bytes(sys.stdin.buffer.read(limit + 1), limit)

@@ -10,7 +10,7 @@ import libcst as cst
 import pytest
 from fixture_cases import REWRITABLE, REWRITE, cases, entry_script, expectations, rewritten_script
 
-from graphify.engine import analyze_source
+from graphify.engine import REWRITTEN, analyze_source
 from graphify.rewrite import rewrite_source
 
 UPDATE = os.environ.get("GRAPHIFY_UPDATE_FIXTURES") == "1"
@@ -47,9 +47,10 @@ def test_rewrite_is_idempotent_and_clean(case, settings):
     cst.parse_module(once)
     twice = rewrite_source(once, str(script), settings)
     assert twice.code == once
-    # the rewritten loops are captured: nothing eligible is left for `graphify rewrite --check`
+    # the rewritten loops are captured: nothing eligible is left for `graphify rewrite --check`, and check names them
     report = analyze_source(once, str(script), settings)
     assert [lp.line for lp in report.loops if lp.verdict.value not in ("not-capturable", "already-captured")] == []
+    assert any(lp.reasons == [REWRITTEN] for lp in report.loops)
 
 
 def test_untouched_code_is_byte_identical(settings):

@@ -1,4 +1,5 @@
-"""`graphify rewrite PATHS [--in-place] [--check] [--verify]`; `register(cli)` adds it to a click group."""
+"""`graphify rewrite PATHS [--in-place] [--check] [--verify]` (or `-`, standard input); `register(cli)` adds it
+to a click group."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 import click
 
 
-@click.command("rewrite")
+@click.command("rewrite", short_help="Rewrite loops into warmup, capture and replay (a diff; --in-place writes).")
 @click.argument("paths", nargs=-1, type=click.Path(readable=False))  # an unreadable file is one error line
 @click.option("--in-place", is_flag=True, help="Write the rewritten files (atomically) instead of printing a diff.")
 @click.option("--check", "check_only", is_flag=True, help="Exit 1 if any loop could be captured but is not yet (for CI and pre-commit).")
@@ -32,31 +33,37 @@ import click
     show_default=True,
     help="With --runtime vendor: the module written (with --in-place) and imported by its name; keep it where the scripts import from.",
 )
-def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore, force_exclude, runtime, vendor_path) -> None:
+@click.option(
+    "--stdin-filename", metavar="PATH", help="The path standard input (`-`) is rewritten as: its settings, and a notebook by its suffix."
+)
+def rewrite_command(
+    paths, in_place, check_only, verify, steps, select, ignore, force_exclude, runtime, vendor_path, stdin_filename
+) -> None:
     """Rewrite eligible training and inference loops of PATHS into warmup, capture and replay.
 
-    Prints a unified diff and changes nothing unless --in-place is given. Loops that cannot be
-    captured are left as they are, with the reason. Exit codes: 0 nothing to change, 1 files
-    would change or changed (or, with --check, a loop is not captured yet; or --verify failed),
-    2 usage error or a file that could not be read or rewritten.
+    Prints a unified diff and changes nothing unless --in-place is given; `-` reads standard input and
+    writes the rewritten source to standard output. Loops that cannot be captured are left as they are,
+    with the reason. Exit codes: 0 nothing to change, 1 files would change or changed (or, with --check,
+    a loop is not captured yet; or --verify failed), 2 usage error or a file not read or rewritten.
     """
     from graphify.config import ConfigError, load_settings, split_selectors
     from graphify.files import discover, named_files
     from graphify.commands.rewrite_files import rewrite_files, vendor_runtime, vendor_target_problem
-    from graphify.rewrite.bundle import RuntimeChoice
 
     if verify and not in_place:
         raise click.UsageError("--verify only applies with --in-place")
-    vendor_module = os.path.splitext(os.path.basename(vendor_path))[0]
-    if runtime == "vendor" and not (vendor_path.endswith(".py") and vendor_module.isidentifier()):
-        raise click.UsageError(f"--vendor-path must name a Python module file (NAME.py), not {vendor_path!r}")
-    choice = RuntimeChoice(runtime, vendor_module if runtime == "vendor" else "graphify.runtime")
+    if "-" in paths and (len(paths) > 1 or in_place):
+        raise click.UsageError("`-` (standard input) is rewritten alone, to standard output: no other path, no --in-place")
+    choice = _runtime_choice(runtime, vendor_path)
     paths = paths or (".",)
     try:
-        settings = load_settings(paths).with_cli(split_selectors(select), split_selectors(ignore))
+        settings = load_settings([stdin_filename or "."] if paths == ("-",) else paths)
+        settings = settings.with_cli(split_selectors(select), split_selectors(ignore))
     except ConfigError as exc:
         click.echo(f"graphify: error: {exc}", err=True)
         sys.exit(2)
+    if paths == ("-",):
+        sys.exit(_rewrite_stdin(stdin_filename or "-", settings, check_only, choice))
     files, errors = discover(paths, settings, force_exclude=force_exclude)
     problem = vendor_target_problem(vendor_path) if runtime == "vendor" and in_place and not check_only else None
     if problem:  # before any script is rewritten to import a runtime that would not be there
@@ -87,13 +94,44 @@ def rewrite_command(paths, in_place, check_only, verify, steps, select, ignore, 
         sys.exit(2)
     for diff in run.diffs:
         click.echo(diff, nl=False)
+    _tell(run, [f"{e.path}: {e.message}" for e in errors])
+    sys.exit(2 if errors or vendor_failed else run.exit_code)
+
+
+def _runtime_choice(runtime: str, vendor_path: str):
+    from graphify.rewrite.bundle import RuntimeChoice
+
+    vendor_module = os.path.splitext(os.path.basename(vendor_path))[0]
+    if runtime == "vendor" and not (vendor_path.endswith(".py") and vendor_module.isidentifier()):
+        raise click.UsageError(f"--vendor-path must name a Python module file (NAME.py), not {vendor_path!r}")
+    return RuntimeChoice(runtime, vendor_module if runtime == "vendor" else "graphify.runtime")
+
+
+def _tell(run, errors: list[str] = ()) -> None:
+    """The per-loop notes, then the errors, on standard error."""
     for note in run.notes:
         click.echo(note, err=True)
-    for e in errors:
-        click.echo(f"graphify: {e.path}: {e.message}", err=True)
-    for e in run.errors:
+    for e in [*errors, *run.errors]:
         click.echo(f"graphify: {e}", err=True)
-    sys.exit(2 if errors or vendor_failed else run.exit_code)
+
+
+def _rewrite_stdin(name: str, settings, check_only: bool, runtime) -> int:
+    """As `ruff format -`: the rewritten source (or the input, unchanged) on standard output, notes on
+    standard error."""
+    from graphify.commands.rewrite_files import rewrite_text
+    from graphify.files import SourceError
+    from graphify.notebooks import read_stdin
+
+    try:
+        text = read_stdin(name)
+    except SourceError as exc:
+        click.echo(f"graphify: {name}: {exc.message}", err=True)
+        return 2
+    run, output = rewrite_text(name, text, settings, check_only, runtime)
+    if not check_only:
+        click.echo(output, nl=False)
+    _tell(run)
+    return run.exit_code
 
 
 def register(group: click.Group) -> None:

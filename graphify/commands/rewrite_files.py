@@ -42,16 +42,16 @@ def loop_notes(result: RewriteResult, written: bool, cell_starts: list[int] | No
     notes = []
     for o in result.outcomes:
         where = f"{located.where(o.path, o.line)}: {o.kind} loop" + (f" in {o.function}()" if o.function else "")
+        # nothing has run yet: a written file captures when it runs, and the runtime may still keep a step eager
+        verb = "rewritten, will" if written else "would"
         if o.model_only:
-            verb = "graphed" if written else "would graph"
             graphed = ", ".join(f"`{name}`" for name in o.graphed)
             whose = "the models'" if len(o.graphed) > 1 else "the model's"
             notes.append(
-                f"{where}: {verb} {whose} forward and backward as {graphed}; the rest of the step stays eager ({', '.join(o.reasons)})"
+                f"{where}: {verb} graph {whose} forward and backward as {graphed}; the rest of the step stays eager ({', '.join(o.reasons)})"
             )
         elif o.rewritten:
-            verb = "captured" if written else "would capture"
-            notes.append(f"{where}: {verb} as `{o.step_name}` (warmup, capture, replay)")
+            notes.append(f"{where}: {verb} capture as `{o.step_name}` (warmup, capture, replay)")
         else:
             reasons = f" ({', '.join(o.reasons)})" if o.reasons else ""
             alone = f"; the model is not graphed alone either: {o.partial_refusal}" if o.partial_refusal else ""
@@ -171,29 +171,11 @@ def rewrite_files(
     be in them."""
     run = RewriteRun()
     for path in files:
-        try:
-            notebook = read_notebook(path) if is_notebook(path) else None
-            source = notebook.source if notebook else read_source(path)
-        except SourceError as e:
-            run.errors.append(f"{path}: {e.message}")
+        rewrite = _rewrite(path, settings, runtime, run, path in named)
+        if rewrite is None:
             continue
-        try:
-            result = rewrite_source(source, path, settings, runtime)
-        except Exception as e:  # a bug must not cost the user a traceback or a file
-            run.errors.append(f"{path}: internal error while rewriting: {type(e).__name__}: {e}")
-            continue
-        run.errors.extend(f"{err.path}: {err.message}" for err in result.errors)
-        if path in named and not result.outcomes and not result.errors and (error := python_syntax_error(source, path)):
-            run.errors.append(f"{path}: {error}")
+        source, result, notebook, text, cells = rewrite
         starts = notebook.starts if notebook else None
-        text, cells = result.code, {}
-        if result.changed and notebook:
-            try:
-                text, cells = notebook.with_source(result.code)
-            except CellSpanError as e:  # the loops stay as they are, and are not pending: they cannot be rewritten
-                run.notes.append(f"{path}: left unchanged: {e}")
-                continue
-        run.pending += sum(o.rewritten for o in result.outcomes)
         if check_only or not result.changed:
             run.notes.extend(loop_notes(result, False, starts))
             continue
@@ -224,3 +206,50 @@ def rewrite_files(
     if not check_only:
         run.pending = 0
     return run
+
+
+def rewrite_text(
+    name: str, text: str, settings, check_only: bool = False, runtime: RuntimeChoice = RuntimeChoice()
+) -> tuple[RewriteRun, str]:
+    """Standard input, rewritten as a file named `name` would be: the run (notes, errors) and the text to
+    write to standard output, the input itself when nothing changes (as `ruff format -` does)."""
+    run = RewriteRun()
+    rewrite = _rewrite(name, settings, runtime, run, True, text)
+    if rewrite is None:
+        return run, text
+    _, result, notebook, rewritten, _ = rewrite
+    run.notes.extend(loop_notes(result, False, notebook.starts if notebook else None))
+    if check_only:
+        return run, text
+    run.pending = 0
+    if result.changed:
+        run.changed.append(name)
+    return run, rewritten
+
+
+def _rewrite(path: str, settings, runtime: RuntimeChoice, run: RewriteRun, named: bool, text: str | None = None):
+    """(source, RewriteResult, Notebook or None, the file's new text, changed cells) for one file, its text
+    read unless given; None when it could not be read or rewritten (the error is in `run`)."""
+    try:
+        notebook = read_notebook(path, text) if is_notebook(path) else None
+        source = notebook.source if notebook else read_source(path) if text is None else text
+    except SourceError as e:
+        run.errors.append(f"{path}: {e.message}")
+        return None
+    try:
+        result = rewrite_source(source, path, settings, runtime)
+    except Exception as e:  # a bug must not cost the user a traceback or a file
+        run.errors.append(f"{path}: internal error while rewriting: {type(e).__name__}: {e}")
+        return None
+    run.errors.extend(f"{err.path}: {err.message}" for err in result.errors)
+    if named and not result.outcomes and not result.errors and (error := python_syntax_error(source, path)):
+        run.errors.append(f"{path}: {error}")
+    rewritten, cells = result.code, {}
+    if result.changed and notebook:
+        try:
+            rewritten, cells = notebook.with_source(result.code)
+        except CellSpanError as e:  # the loops stay as they are, and are not pending: they cannot be rewritten
+            run.notes.append(f"{path}: left unchanged: {e}")
+            return None
+    run.pending += sum(o.rewritten for o in result.outcomes)
+    return source, result, notebook, rewritten, cells

@@ -12,7 +12,7 @@ import sys
 import click
 
 
-@click.command("verify")
+@click.command("verify", short_help="Run a script and its rewrite side by side: same training, and how much faster.")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARGS]...")
 @click.option(
