@@ -4,6 +4,8 @@ The code cells are joined in order into one module, so a loop in one cell sees t
 optimizer built in another. IPython syntax that is not Python becomes `pass` on the same line
 (line magics `%x`, shell escapes `!x`, help `x?`; `y = !x` becomes `y = None`), and a cell magic
 other than a timing one (`%%bash`, `%%writefile`...) blanks its cell, so every line keeps its number.
+A `from __future__` import becomes `pass` too: Jupyter compiles each cell on its own, and in the
+joined module it would not come first.
 Cells are numbered from 1 among code cells, as ruff numbers them: `train.ipynb:cell 3:12:5`.
 
 `Notebook.with_source(new)` maps a rewrite of the joined module back onto the cells: only cells whose
@@ -13,10 +15,13 @@ change that would span two cells, or touch IPython syntax, is refused (`CellSpan
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 import sys
 from dataclasses import dataclass
+from functools import cached_property
+from json.decoder import scanstring
 
 from graphify.files import MAX_BYTES, SourceError, is_notebook, read_source, source_from_bytes
 
@@ -25,6 +30,7 @@ NOTEBOOK_MAX_BYTES = 16 * MAX_BYTES  # outputs (plots, tables) make notebooks la
 _TIMING_CELL_MAGICS = {"time", "timeit", "capture", "prun"}  # their body is Python and runs
 _MAGIC_LINE = re.compile(r"^(\s*)([%!?]|[^#\s].*\?\s*$)")
 _SHELL_ASSIGNMENT = re.compile(r"^(\s*[\w.\[\], ]+=\s*)[!%].*$")
+_FUTURE_IMPORT = re.compile(r"from\s+__future__\s+import\b")
 
 
 class CellSpanError(Exception):
@@ -39,6 +45,27 @@ class Notebook:
     raw: list[list[str]]  # each code cell's lines as written (newline-terminated)
     python: list[list[str]]  # the same lines with IPython syntax made Python
     starts: list[int]  # the module line (1-based) where each code cell begins
+
+    def file_line(self, cell: int, line: int) -> int:
+        """The line of the .ipynb file itself that holds line `line` of code cell `cell` (both from 1): where
+        a viewer of the file (SARIF, GitHub annotations) shows that code. A cell stored as one string is one
+        line of the file."""
+        source = self._source_offsets[self.cell_indexes[cell - 1]]
+        if isinstance(source, int):
+            return self.text.count("\n", 0, source) + 1
+        pieces = self.data["cells"][self.cell_indexes[cell - 1]]["source"]
+        ends, total = [], 0
+        for piece in pieces:
+            total += len(piece)
+            ends.append(total)
+        start = sum(len(text) for text in self.raw[cell - 1][: line - 1])  # the line's offset in the cell's code
+        piece = min(bisect.bisect_right(ends, start), len(pieces) - 1)
+        return self.text.count("\n", 0, source[piece]) + 1
+
+    @cached_property
+    def _source_offsets(self) -> list:
+        """For each cell, where its `source` string (or each string of its list) starts in the file."""
+        return [cell["source"] if isinstance(cell, dict) else None for cell in _offsets(self.text)[0]["cells"]]
 
     @property
     def source(self) -> str:
@@ -148,7 +175,7 @@ def _as_python(lines: list[str], number: int) -> list[str]:
     if lines and lines[0].startswith("%%") and magic not in _TIMING_CELL_MAGICS:
         return ["\n"] * len(lines)
     head = ["\n"] if lines and lines[0].startswith("%%") else []  # a timing cell magic: its body is Python
-    body = lines[len(head) :]
+    body = _without_future_imports(lines[len(head) :])
     if _syntax_error(head + body) is None:
         return head + body
     converted = head + [_python_line(line) for line in body]
@@ -156,6 +183,22 @@ def _as_python(lines: list[str], number: int) -> list[str]:
     if error is not None:
         raise SourceError(f"cell {number}: {error}")
     return converted
+
+
+def _without_future_imports(lines: list[str]) -> list[str]:
+    """`from __future__` imports made `pass`, each line kept: Jupyter compiles each cell on its own, where
+    they come first, but in the joined module they would follow other cells' code (a SyntaxError). What
+    they change (annotations evaluated later) is nothing the analysis or the rewrite reads."""
+    out, depth, continued = [], 0, False  # an import still open: unclosed parentheses, a trailing backslash
+    for line in lines:
+        inside = depth > 0 or continued
+        if inside or _FUTURE_IMPORT.match(line):
+            out.append("\n" if inside else "pass\n")
+            depth += line.count("(") - line.count(")")
+            continued = line.rstrip().endswith("\\")
+        else:
+            out.append(line)
+    return out
 
 
 def _python_line(line: str) -> str:
@@ -174,6 +217,34 @@ def _syntax_error(lines: list[str]) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+_SCALAR = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null")
+
+
+def _offsets(text: str, at: int = 0) -> tuple[object, int]:
+    """The JSON value at `at` with each string in it replaced by the offset of its opening quote, and the
+    offset after the value (json.loads tells no positions)."""
+    at = _SPACE.match(text, at).end()
+    opening = text[at]
+    if opening == '"':
+        return at, scanstring(text, at + 1)[1]
+    if opening not in "[{":
+        return None, _SCALAR.match(text, at).end()
+    closing, items = ("]", []) if opening == "[" else ("}", {})
+    at = _SPACE.match(text, at + 1).end()
+    while text[at] != closing:
+        if opening == "{":
+            key, at = scanstring(text, _SPACE.match(text, at).end() + 1)
+            items[key], at = _offsets(text, _SPACE.match(text, at).end() + 1)  # after the colon
+        else:
+            value, at = _offsets(text, at)
+            items.append(value)
+        at = _SPACE.match(text, at).end()
+        at += text[at] == ","
+        at = _SPACE.match(text, at).end()
+    return items, at + 1
 
 
 def _dump_like(data: dict, original: str) -> str:

@@ -68,12 +68,29 @@ def test_text_sarif_and_github_name_the_cell():
     assert f"{NOTEBOOK}:cell 5:3: train loop in train_one_epoch(): capturable-after-rewrite" in text
     assert f"{NOTEBOOK}:cell 5:4:16: GFY301" in text
     assert "    4 |         x, y = x.to(device), y.to(device)" in text  # the snippet's gutter counts within the cell
+
+
+def test_sarif_and_github_point_at_the_notebook_files_own_line():
+    """Viewers of both show the .ipynb file: line 14 of cell 4 is line 104 of the JSON; the cell's own
+    position leads the message and, in SARIF, is in the properties."""
+    assert '"optimizer = torch.optim.AdamW(' in NOTEBOOK.read_text().splitlines()[103]
     sarif = json.loads(run("check", "--format", "sarif", str(NOTEBOOK)).stdout)
     result = next(r for r in sarif["runs"][0]["results"] if r["ruleId"] == "GFY401")
+    assert result["locations"][0]["physicalLocation"]["region"] == {"startLine": 104, "endLine": 104}
+    assert result["message"]["text"].startswith("cell 4:14:13: `AdamW` built without")
     assert result["properties"]["cell"] == 4
-    assert result["locations"][0]["physicalLocation"]["region"]["startLine"] == 14
+    assert result["properties"]["cellRegion"] == {"startLine": 14, "startColumn": 13, "endLine": 14, "endColumn": 78}
     github = run("check", "--format", "github", str(NOTEBOOK)).stdout
-    assert "title=graphify (GFY401) cell 4" in github and "line=14," in github
+    assert f"::error title=graphify (GFY401) cell 4,file={NOTEBOOK},line=104,endLine=104::cell 4:14:13: `AdamW`" in github
+
+
+def test_a_notebook_read_from_standard_input_has_no_file_line_to_point_at():
+    """Its text is not the file's (or there is no file): the annotation names the file and the cell only."""
+    text = NOTEBOOK.read_text().replace('"import time\\n",', '"import time\\n",\n    "import os\\n",', 1)
+    github = run("check", "--format", "github", "--stdin-filename", str(NOTEBOOK), "-", input=text).stdout
+    assert f"::error title=graphify (GFY401) cell 4,file={NOTEBOOK}::cell 4:14:13: `AdamW`" in github
+    sarif = json.loads(run("check", "--format", "sarif", "--stdin-filename", str(NOTEBOOK), "-", input=text).stdout)
+    assert "region" not in sarif["runs"][0]["results"][0]["locations"][0]["physicalLocation"]
 
 
 def test_rewrite_matches_golden_and_keeps_everything_else():
@@ -224,3 +241,25 @@ def test_a_code_cell_whose_source_is_not_text_is_one_line_for_its_file_and_the_r
         result = CliRunner().invoke(cli.cli, [command, str(bad), str(good)])
         assert result.exit_code == 2 and "internal error" not in result.output, result.output
         assert f"{bad}: not a valid notebook: code cell 1's `source` is not text or a list of lines" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "future",
+    [["from __future__ import annotations\n"], ["from __future__ import (\n", "    annotations,\n", ")\n"]],
+    ids=["one-line", "parenthesized"],
+)
+def test_a_future_import_in_a_later_cell_is_rewritten_and_kept(tmp_path, future):
+    """Jupyter compiles each cell on its own: a `from __future__` import at the top of cell 3 is valid there,
+    though it would not be in the middle of one module."""
+    data = json.loads(NOTEBOOK.read_text())
+    cell = [c for c in data["cells"] if c["cell_type"] == "code"][2]
+    cell["source"] = future + cell["source"]
+    path = tmp_path / "train.ipynb"
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    assert run("check", "--exit-zero", str(path)).exit_code == 0
+    result = run("rewrite", "--in-place", str(path))
+    assert result.exit_code == 1, result.stderr
+    assert "rewritten, will capture as `train_step`" in result.stderr
+    written = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    assert written[2]["source"][: len(future)] == future
+    assert "train_step = CapturedStep(" in "".join(written[4]["source"])

@@ -3,14 +3,16 @@
     ::error title=graphify (GFY001),file=train.py,line=15,col=17,endLine=15,endColumn=28::message
 
 Error-severity rules give `::error`, warnings `::warning`, info `::notice`; files that could not be
-analysed give `::error file=...,title=graphify::message`. In a notebook, lines count within the cell
-named in the title (`graphify (GFY001) cell 3`).
+analysed give `::error file=...,title=graphify::message`. In a notebook the annotation sits on the line
+of the .ipynb file (JSON) that holds the code, where GitHub shows the file's lines, without columns; the
+title names the cell (`graphify (GFY001) cell 3`) and the message starts with `cell 3:LINE:COL: `, as
+Jupyter counts lines.
 """
 
 from __future__ import annotations
 
-from graphify.model import Report, Severity
-from graphify.reporters.common import sorted_diagnostics
+from graphify.model import Diagnostic, Report, Severity
+from graphify.reporters.common import FileLines, sorted_diagnostics
 
 _COMMAND = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 
@@ -24,22 +26,21 @@ def _prop(s: str) -> str:
 
 
 def render(report: Report) -> str:
-    out = []
-    for d in sorted_diagnostics(report):
-        cell, line = report.locate(d.path, d.line)
-        in_cell = f" cell {cell}" if cell else ""
-        props = ",".join(
-            f"{k}={_prop(str(v))}"
-            for k, v in (
-                ("title", f"graphify ({d.code}){in_cell}"),
-                ("file", d.path),
-                ("line", line),
-                ("col", d.column),
-                ("endLine", report.locate(d.path, d.end_line)[1]),
-                ("endColumn", d.end_column),
-            )
-        )
-        out.append(f"::{_COMMAND.get(d.rule.severity, 'error')} {props}::{_data(d.message)}")
+    file_lines = FileLines(report)
+    out = [_annotation(d, report, file_lines) for d in sorted_diagnostics(report)]
     for e in sorted(report.errors, key=lambda e: e.path):
         out.append(f"::error title=graphify,file={_prop(e.path)}::{_data(e.message)}")
     return "".join(line + "\n" for line in out)
+
+
+def _annotation(d: Diagnostic, report: Report, file_lines: FileLines) -> str:
+    cell, line = report.locate(d.path, d.line)
+    where = {"line": line, "col": d.column, "endLine": report.locate(d.path, d.end_line)[1], "endColumn": d.end_column}
+    message = d.message
+    if cell:  # the annotation sits on the .ipynb file's line holding the code; the cell's position leads the message
+        start, end = file_lines(d.path, d.line), file_lines(d.path, d.end_line)
+        where = {"line": start, "endLine": end} if start and end else {}
+        message = f"cell {cell}:{line}:{d.column}: {message}"
+    title = f"graphify ({d.code})" + (f" cell {cell}" if cell else "")
+    props = ",".join(f"{k}={_prop(str(v))}" for k, v in (("title", title), ("file", d.path), *where.items()))
+    return f"::{_COMMAND.get(d.rule.severity, 'error')} {props}::{_data(message)}"

@@ -6,6 +6,10 @@ level). Each result carries ruleId, ruleIndex, level, message and one location w
 count Unicode code points, as the run's `columnKind` says); the fix hint and the loop line go into
 the result's properties. Files that could not be analysed are tool execution notifications, and make
 `executionSuccessful` false.
+
+A notebook's finding is located in the .ipynb file as viewers show it: the region is the line of the
+file (JSON) holding the code, without columns; the message starts with ruff's `cell N:LINE:COL`, and
+the properties hold `cell` and `cellRegion` (lines within the cell, columns).
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ import os
 from urllib.parse import quote
 
 from graphify import __version__
-from graphify.model import Report, Rule, Severity
-from graphify.reporters.common import REPOSITORY_URL, rule_url, sorted_diagnostics
+from graphify.model import Diagnostic, Report, Rule, Severity
+from graphify.reporters.common import REPOSITORY_URL, FileLines, rule_url, sorted_diagnostics
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
@@ -49,6 +53,28 @@ def _rule_descriptor(rule: Rule) -> dict:
     }
 
 
+def _result(d: Diagnostic, report: Report, rule_index: int, file_lines: FileLines) -> dict:
+    cell, line = report.locate(d.path, d.line)
+    region = {"startLine": line, "startColumn": d.column, "endLine": report.locate(d.path, d.end_line)[1], "endColumn": d.end_column}
+    properties = {"fix": d.fix, "loopLine": report.locate(d.loop_path, d.loop_line)[1], "removableByRewrite": d.removable_by_rewrite}
+    message = d.message
+    if cell:
+        # viewers show the .ipynb file: the region is the file's line holding the code (its columns are the
+        # JSON string's, not the cell's); the cell's own position is in the message and the properties
+        properties = {"cell": cell, "cellRegion": region, **properties}
+        start, end = file_lines(d.path, d.line), file_lines(d.path, d.end_line)
+        region = {"startLine": start, "endLine": end} if start and end else None
+        message = f"cell {cell}:{line}:{d.column}: {message}"
+    return {
+        "ruleId": d.code,
+        "ruleIndex": rule_index,
+        "level": _LEVEL[d.rule.severity],
+        "message": {"text": message},
+        "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(d.path)}, **({"region": region} if region else {})}}],
+        "properties": properties,
+    }
+
+
 def render(report: Report, rules: list[Rule] | None = None) -> str:
     """`rules`: the rules to describe (default: every registered rule plus any in the report)."""
     if rules is None:
@@ -61,37 +87,8 @@ def render(report: Report, rules: list[Rule] | None = None) -> str:
     ordered = sorted(known.values(), key=lambda r: r.code)
     index = {r.code: i for i, r in enumerate(ordered)}
 
-    results = []
-    for d in sorted_diagnostics(report):
-        cell, line = report.locate(d.path, d.line)
-        in_cell = {"cell": cell} if cell else {}
-        results.append(
-            {
-                "ruleId": d.code,
-                "ruleIndex": index[d.code],
-                "level": _LEVEL[d.rule.severity],
-                "message": {"text": d.message},
-                "locations": [
-                    {
-                        "physicalLocation": {
-                            "artifactLocation": {"uri": _uri(d.path)},
-                            "region": {
-                                "startLine": line,
-                                "startColumn": d.column,
-                                "endLine": report.locate(d.path, d.end_line)[1],
-                                "endColumn": d.end_column,
-                            },
-                        }
-                    }
-                ],
-                "properties": {
-                    **in_cell,
-                    "fix": d.fix,
-                    "loopLine": report.locate(d.loop_path, d.loop_line)[1],
-                    "removableByRewrite": d.removable_by_rewrite,
-                },
-            }
-        )
+    file_lines = FileLines(report)
+    results = [_result(d, report, index[d.code], file_lines) for d in sorted_diagnostics(report)]
     notifications = [
         {
             "level": "error",
