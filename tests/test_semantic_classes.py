@@ -410,3 +410,38 @@ def test_a_hook_registered_in_the_step_stays_refused():
     """
     [loop] = _train_loops(_outcomes(source))
     assert not loop.rewritten or loop.model_only
+
+
+# ---- 7. reasons that are true but not the blocker; device values by what they hold -------------
+
+_DEVICE_COPIES = """
+def main(loader):
+    {device} = {device_value}
+    model = nn.Linear(10, 3).to({device})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    X = torch.randn(1000, 10{made_on})
+    Y = torch.randint(0, 3, (1000,){made_on})
+    for epoch in range(10):
+        for i in range(0, 1000, 100):
+            xb = X[i : i + 100].to({device})
+            yb = Y[i : i + 100].view(-1).to({device})
+            loss = F.cross_entropy(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+"""
+
+
+@pytest.mark.parametrize("device", ["device", "dev_", "where"])
+@pytest.mark.parametrize("device_value", ['torch.device("cuda")', '"cuda" if torch.cuda.is_available() else "cpu"', '"cuda:0"'])
+def test_a_device_copy_is_told_by_what_the_device_value_holds_not_its_name(device, device_value):
+    source = _DEVICE_COPIES.format(device=device, device_value=device_value, made_on="")
+    assert "GFY301" in _codes(source)
+
+
+@pytest.mark.parametrize("device", ["device", "dev_"])
+def test_moving_a_tensor_already_on_the_device_is_no_breaker(device):
+    source = _DEVICE_COPIES.format(device=device, device_value='torch.device("cuda")', made_on=f", device={device}")
+    assert "GFY301" not in _codes(source)
+    [loop] = _train_loops(_outcomes(source))
+    assert loop.rewritten and not loop.model_only, loop.reasons

@@ -439,14 +439,52 @@ def _base(target: cst.BaseExpression) -> cst.BaseExpression:
     return target.value if isinstance(target, cst.Subscript) else target
 
 
-def is_device_arg(expr: cst.BaseExpression, env: Env) -> bool:
+def is_device_arg(expr: cst.BaseExpression, env: Env, depth: int = 0) -> bool:
+    """Whether an expression names an accelerator: a device string or `torch.device(...)`, a name bound to
+    one (whatever it is called: `dev_ = torch.device("cuda")`), or, failing that, a name that says so."""
     if isinstance(expr, cst.SimpleString):
         return "cuda" in expr.value or "mps" in expr.value or "xpu" in expr.value
     if isinstance(expr, cst.Call):
         return (env.qualify(expr.func) or "").endswith("device")
-    name = (dotted(expr) or "").lower()
-    last = name.rsplit(".", 1)[-1]
+    if isinstance(expr, cst.IfExp):  # `"cuda" if torch.cuda.is_available() else "cpu"`
+        return is_device_arg(expr.body, env, depth) or is_device_arg(expr.orelse, env, depth)
+    name = dotted(expr) or ""
+    if depth < 4 and name and isinstance(env, Env):  # (with module aliases only, by name alone)
+        bound = [env.bound[name]] if name in env.bound else [(env, v) for v in env.values_of(name)]
+        if any(is_device_arg(value, where, depth + 1) for where, value in bound):
+            return True
+    last = name.lower().rsplit(".", 1)[-1]
     return "device" in last or last in ("dev", "rank", "local_rank", "gpu", "gpu_id")
+
+
+def is_on_device(expr: cst.BaseExpression, env: Env, depth: int = 0) -> bool:
+    """Whether a tensor expression already lives on an accelerator: made there (`torch.randn(..., device=dev)`),
+    moved there (`.to(dev)`, `.cuda()`), or indexed, sliced or viewed from such a tensor; a name bound only
+    to those. Moving it to the device again copies nothing."""
+    if depth > 4:
+        return False
+    if isinstance(expr, cst.Subscript):
+        return is_on_device(expr.value, env, depth + 1)
+    if isinstance(expr, cst.Call):
+        device = kwarg(expr, "device")
+        if device is not None:
+            return is_device_arg(device, env) and not is_cpu_arg(device, env)
+        m = method_call(expr)
+        if m is None:
+            return False
+        if m[1] == "cuda":
+            return True
+        if m[1] == "to" and expr.args and expr.args[0].keyword is None:
+            return is_device_arg(expr.args[0].value, env) and not is_cpu_arg(expr.args[0].value, env)
+        return m[1] in _SAME_PLACE and is_on_device(m[0], env, depth + 1)
+    name = dotted(expr) if isinstance(expr, cst.Name) else None
+    values = env.values_of(name) if name else []
+    # `x = x.to(device)` says nothing of the `x` it moves (a loop target, a parameter: bindings not listed)
+    rebinds_itself = any(isinstance(n, cst.Name) and n.value == name for v in values for n in iter_nodes(v))
+    return bool(values) and not rebinds_itself and all(is_on_device(v, env, depth + 1) for v in values)
+
+
+_SAME_PLACE = {"view", "reshape", "float", "half", "long", "int", "bool", "contiguous", "unsqueeze", "squeeze", "flatten", "permute", "t"}
 
 
 def is_cpu_arg(expr: cst.BaseExpression, env: Env) -> bool:

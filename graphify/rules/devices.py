@@ -2,7 +2,7 @@
 
 import libcst as cst
 
-from graphify.analysis.checker import code_of, is_cpu_arg, is_device_arg, is_host_move, kwarg
+from graphify.analysis.checker import code_of, is_cpu_arg, is_device_arg, is_host_move, is_on_device, kwarg
 from graphify.analysis.calls import iter_nodes, method_call
 from graphify.analysis.names import dotted
 from graphify.analysis.scope import collect_scope
@@ -124,7 +124,8 @@ def is_device_copy(call, env) -> bool:
             return False
     else:
         return False
-    return env.kind_of(receiver) not in (MODEL, DDP, LOSS) and not env.is_host(receiver)
+    # a tensor made or moved there already copies nothing: a true finding, but no breaker
+    return env.kind_of(receiver) not in (MODEL, DDP, LOSS) and not env.is_host(receiver) and not is_on_device(receiver, env)
 
 
 def _module_brought_back(call, env, offloaded: set[str]) -> bool:
