@@ -8,7 +8,7 @@ import warnings
 
 import torch
 
-from graphify.runtime.captures import StepCaptures
+from graphify.runtime.captures import GradientWatch, StepCaptures
 from graphify.runtime.common import (
     WARMUP,
     Fetched,
@@ -18,6 +18,7 @@ from graphify.runtime.common import (
     capture_forced,
     copy_outputs,
     capture_failure,
+    collection_paused,
     changed_in_place,
     fits,
     gpu_bound,
@@ -33,7 +34,7 @@ from graphify.runtime.common import (
 from graphify.runtime.distributed import DDP_WARMUP, all_ranks_agree, ddp_modules, free_before_teardown
 from graphify.runtime.host_values import RECHECK_FROM, HostValues, compiled, drift_reason, first_difference, recording_allowed
 from graphify.runtime.optimizer_settings import give_back, make_capturable, moved_settings, use_tensor_lrs
-from graphify.runtime.reach import bindings, inner_optimizers, referenced, same, tensor_addresses, why_not_capturable
+from graphify.runtime.reach import bindings, inner_optimizers, referenced, registrations, same, watch_registrations, why_not_capturable
 
 MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes every step and the step stays eager
 FEW_REPLAYS = 32  # a graph dropped after fewer replays did not pay for its capture
@@ -54,8 +55,8 @@ class CapturedStep:
     device and calls off CUDA run eagerly; a call after a setting the graph froze has changed (a float
     learning rate on an optimizer that cannot read a tensor one, betas, momentum or eps moved, a param
     group added) captures again at once; a replay run recorded (see _rechecked) that shows a host value
-    moved makes the step warm up and capture again.
-    Before a replay, `.grad` points at the gradients the graph writes, for eager code after it. A replay
+    moved, or a module changed since the capture (pruned: reach.layout), makes the step warm up and capture again.
+    Before a replay, `.grad` is put where the graph adds into it and leaves it (captures.GraphGradients). A replay
     returns the graph's static outputs, which the next replay overwrites: `copy_outputs` keeps them.
     """
 
@@ -63,6 +64,7 @@ class CapturedStep:
         self.step = step
         self.device = torch.device(device) if device is not None else None
         self.warmup = warmup
+        watch_registrations()
         bound = bindings(step)
         states = _registry.setdefault(step.__code__, [])
         state = next((s for s in states if same(s.bindings, bound)), None)
@@ -73,7 +75,7 @@ class CapturedStep:
         elif state.recorded:  # its loop entered again (the next epoch): each graph is checked at its next chance
             state.recheck = set(state.graphs)
         self.state = state
-        if state.graphs and not self._same_tensors():
+        if state.graphs and state.layout_moved() is not None:
             self._forget_graphs()  # e.g. the optimizer's state loaded from the best epoch's checkpoint
 
     copy = staticmethod(copy_outputs)
@@ -97,6 +99,9 @@ class CapturedStep:
             self._give_up("it is handed an optimizer other than its first call's (a new one per fold?), whose settings it would not follow")
         if state.disabled is not None:
             return self._eager(tensors, inputs) if state.side_stream_used else self.step(*inputs)
+        if state.graphs and registrations() != state.registrations and state.layout_moved() is not None:
+            self._forget_graphs()  # pruned since the capture, say: a new mask buffer and forward pre-hook
+            return self.__call__(*inputs, key=key)
         modes = bytes(m.training for m in state.submodules), bytes(map(requires_grad, state.parameters))
         if handed:  # a model handed in (one of an ensemble): its identity is in the key, its modes too
             modes += (bytes(m.training for h in handed if isinstance(h, torch.nn.Module) for m in h.modules()),)
@@ -108,6 +113,9 @@ class CapturedStep:
                 self._forget_graphs(warm=moved == "lr" and not state.ddps)
                 return self.__call__(*inputs, key=key[0])
             if fits(static_tensors, tensors):
+                if not grads.ready():  # a gradient present where the graph makes its own: capture adding to it
+                    self._forget_graphs(warm=not state.ddps)
+                    return self.__call__(*inputs, key=key[0])
                 n = state.replays[key] = state.replays.get(key, 0) + 1
                 entered = False
                 if key in state.recheck:  # its first replay since the loop was entered again
@@ -122,13 +130,6 @@ class CapturedStep:
                     if group["lr"] != value:  # the scheduler moved it: one small fill, outside the graph
                         lr.fill_(group["lr"])
                         entry[2] = group["lr"]
-                # the replay writes this graph's gradient buffers, and eager code after it (a GradScaler's step)
-                # reads `.grad`: point it there again after an eager call, another key's capture, or a
-                # `zero_grad()` outside the step (which unsets every gradient: the first one tells)
-                if grads and (state.grads_of is not graph or grads[0][0].grad is not grads[0][1]):
-                    for p, grad in grads:
-                        p.grad = grad
-                    state.grads_of = graph
                 graph.replay()
                 for i in changed:  # inputs the step changes in place: the caller's tensors change, as in eager
                     tensors[i].copy_(static_tensors[i], non_blocking=True)
@@ -187,8 +188,7 @@ class CapturedStep:
         objects = referenced(self.step) + [o for obj in handed for o in referenced(obj)]
         state.optimizers, state.disabled = inner_optimizers([o for o in objects if isinstance(o, torch.optim.Optimizer)])
         state.modules = [o for o in objects if isinstance(o, torch.nn.Module)]
-        state.submodules = list(dict.fromkeys(m for top in state.modules for m in top.modules()))  # `model.bn.eval()` too
-        state.parameters = [p for m in state.modules for p in m.parameters()]
+        self._survey()
         state.disabled = state.disabled or why_not_capturable(objects, state.optimizers)
         state.ddps = ddp_modules(state.modules)
         # DDP ranks must decide alike; a compiled function must not meet the recorder
@@ -203,7 +203,6 @@ class CapturedStep:
         `timed`: its host and GPU time are kept, to tell a GPU-bound step before capturing it."""
         device = tensors[0].device if tensors else self._param_device()
         self.state.side_stream_used = True
-        self.state.grads_of = None  # its backward may give the parameters `.grad` tensors of its own
         stream = side_stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))  # the inputs' GPU: not the current one without set_device
         cache = torch.is_autocast_cache_enabled()
@@ -227,8 +226,12 @@ class CapturedStep:
         would leave `.grad` pointing away from the graph's gradient buffers, which eager code after a
         replay, a GradScaler's step, reads.)"""
         state = self.state
+        counted = registrations()
         with HostValues(state.optimizers) as record:
             result = self._eager(tensors, inputs)
+        now = registrations()
+        if state.registrations == counted == (now[0] - len(record.handles), now[1]):
+            state.registrations = now  # the recorder's own optimizer hooks change no forward
         calls = [tuple((t.shape, t.dtype) for t in tensors), *record.calls]  # only calls on inputs of one shape compare
         before = None if first else state.host_values.get(key)
         difference = first_difference(before, calls) if before is not None and before[0] == calls[0] else None
@@ -252,16 +255,13 @@ class CapturedStep:
             result = self._eager(tensors, inputs)
         before = state.host_values.get(key)
         difference = first_difference(before[1:], record.calls) if before is not None else None
-        if difference is not None or not self._same_tensors():
+        moved = state.layout_moved()
+        if difference is not None or moved is not None:
             if not entered:
-                why = f"a host value the step hands to the GPU moved after the capture ({difference})"
-                why = why if difference else "a parameter, buffer or optimizer state tensor was replaced after the capture"
+                why = f"a host value the step hands to the GPU moved after the capture ({difference})" if difference else moved
                 self._warn(f"{why}; up to {n - last - 1} replays before this call may have used the old value", "captured again")
             self._forget_graphs()
         return result
-
-    def _same_tensors(self) -> bool:
-        return tensor_addresses(self.state.modules, self.state.optimizers) == self.state.addresses
 
     def _gpu_bound(self) -> bool:
         """Whether the last warmup step kept the GPU busy far longer than the host took to launch it (decided
@@ -283,13 +283,16 @@ class CapturedStep:
         before = versions(statics)
         trained = dict.fromkeys([*state.parameters, *(p for o in state.optimizers for g in o.param_groups for p in g["params"])])
         saved = save_host_state(trained, device)
-        grads_before = dict(saved[-1])
+        watch = GradientWatch(trained)
         swapped = use_tensor_lrs(state.optimizers, state.lr_tensors, state.frozen, state.group_counts)
         graph = torch.cuda.CUDAGraph()
         cache = torch.is_autocast_cache_enabled()
         torch.set_autocast_cache_enabled(False)
         try:
-            with torch.cuda.graph(graph, pool=state.pool, stream=side_stream(device), capture_error_mode="thread_local"):
+            with (
+                collection_paused(),
+                torch.cuda.graph(graph, pool=state.pool, stream=side_stream(device), capture_error_mode="thread_local"),
+            ):
                 static_outputs = self.step(*static_inputs)
         except Exception as exc:  # noqa: BLE001 - any failure of capture leaves the run eagerly, never stopped
             failure = capture_failure(exc)
@@ -297,6 +300,7 @@ class CapturedStep:
             failure = None
         finally:
             torch.set_autocast_cache_enabled(cache)
+            watch.close()
             for group, lr in swapped:  # the graph reads the tensors; the groups show floats again
                 group["lr"] = lr
         if state.ddps:  # every rank takes part, whatever its own outcome
@@ -308,11 +312,9 @@ class CapturedStep:
             self._give_up(failure)
             return self._eager(tensors, inputs)
         state.pool = graph.pool()
-        # the gradients the graph's backward made (the buffers it writes), not ones it accumulates into or leaves
-        grads = [(p, p.grad) for p in trained if p.grad is not None and p.grad is not grads_before[p]]
         changed = changed_in_place(statics, before)  # a forward that normalises its input in place, say
-        state.addresses = tensor_addresses(state.modules, state.optimizers)
-        state.graphs[key], state.grads_of = (graph, statics, static_outputs, grads, changed), graph
+        state.record_layout()
+        state.graphs[key] = (graph, statics, static_outputs, watch.gradients(), changed)
         if state.ddps and len(state.graphs) == 1:
             free_before_teardown(functools.partial(_drop_graphs, state, "its process group was destroyed"))
         graph.replay()  # capture records the step without running it: this replay trains on the batch
@@ -331,6 +333,7 @@ class CapturedStep:
         state.graphs, state.pool = {}, None
         state.lr_tensors, state.frozen, state.group_counts = [], [], []
         if not warm:
+            self._survey()  # a module may have changed (pruning, a parametrization)
             state.eager_runs, state.replays, state.checked, state.entry_checked, replayed = {}, {}, {}, {}, 0
         state.replays_at_forget = replayed
         # a param group added since (progressive unfreezing) comes with the optimizer's defaults
@@ -341,6 +344,12 @@ class CapturedStep:
             )
 
     # ---- helpers ------------------------------------------------------------------------------
+
+    def _survey(self) -> None:
+        """The submodules (`model.bn.eval()` changes a mode of the key) and parameters of the modules."""
+        state = self.state
+        state.submodules = list(dict.fromkeys(m for top in state.modules for m in top.modules()))
+        state.parameters = [p for m in state.modules for p in m.parameters()]
 
     def _on_cuda(self, tensors) -> bool:
         """CUDA inputs; a step without tensor inputs (it reads buffers of its own) goes by its parameters."""

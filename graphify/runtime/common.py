@@ -3,7 +3,9 @@ gains nothing, nested inputs and outputs."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import numbers
 import operator
 import os
@@ -80,6 +82,20 @@ def gpu_bound(gpu_ms: float, host_ms: float, what: str) -> str | None:
 
 
 # ---- what a failed capture may have touched -----------------------------------------------------
+
+
+@contextlib.contextmanager
+def collection_paused():
+    """Python's garbage collector held off during a capture: graphs left in reference cycles (a graphed model
+    dropped with its module) collected mid-capture would be destroyed while the stream captures, which
+    breaks the capture. torch.cuda.graph no longer collects before capturing."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def save_host_state(parameters, device):

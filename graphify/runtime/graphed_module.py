@@ -16,6 +16,7 @@ from graphify.runtime.common import (
     Timing,
     capture_forced,
     capture_failure,
+    collection_paused,
     changed_in_place,
     gpu_bound,
     leaves,
@@ -25,7 +26,7 @@ from graphify.runtime.common import (
     versions,
 )
 from graphify.runtime.host_values import RECHECK_FROM, HostValues, compiled, drift_reason, first_difference, recording_allowed
-from graphify.runtime.reach import tensor_addresses, why_not_capturable
+from graphify.runtime.reach import layout, layout_change, registrations, watch_registrations, why_not_capturable
 
 _graphed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its graphed callable state
 # A replay pays for its checks, autograd.Function, input copies, output clones and gradient copies, and
@@ -86,17 +87,23 @@ class GraphedModule:
                 "checked": 0,  # the replay at which it was last checked (see _rechecked)
                 "entry_checked": 0,  # the replay at which it was last checked after being wrapped again
                 "recheck": False,  # checked at its next chance: the model was wrapped again (its loop entered again)
-                "addresses": (),  # of its parameters and buffers at capture (reach.tensor_addresses)
+                "layout": (),  # of its tensors and submodules at capture (reach.layout)
+                "registrations": (),  # reach.registrations() when the layout was last found the same
             }
         elif _graphed[module]["recorded"]:
             _graphed[module]["recheck"] = True
         self.state = state = _graphed[module]
-        if state["graphed"] is not None and state["disabled"] is None and tensor_addresses([module], []) != state["addresses"]:
-            state["disabled"] = "its parameters or buffers were replaced after the capture (a module's half(), a submodule swapped)"
-            warnings.warn(f"graphify: the model runs eagerly: {state['disabled']}", GraphifyFallbackWarning, stacklevel=2)
+        watch_registrations()
+        if state["graphed"] is not None and state["disabled"] is None and (moved := self._layout_moved()) is not None:
+            state["disabled"] = moved
+            warnings.warn(f"graphify: the model runs eagerly: {moved}", GraphifyFallbackWarning, stacklevel=2)
 
     def __call__(self, *inputs, **constants):
         state = self.state
+        if state["graphed"] is not None and state["disabled"] is None and registrations() != state["registrations"]:
+            if (moved := self._layout_moved()) is not None:  # pruned since the capture, say
+                state["disabled"] = moved
+                warnings.warn(f"graphify: the model runs eagerly: {moved}", GraphifyFallbackWarning, stacklevel=2)
         if state["disabled"] is not None or not self._graphable(inputs, constants):
             return self.module(*inputs, **constants)
         signature = self._key(inputs, constants)
@@ -142,6 +149,7 @@ class GraphedModule:
         self._unshare_gradients()
         outputs = tree_map(torch.Tensor.clone, state["graphed"](*inputs, *state["trained"]))
         self._await_backward(outputs, "awaiting_backward")
+        state["registrations"] = registrations()  # its own hook on the outputs changes no forward
         return outputs
 
     def _compared(self, signature, inputs, constants, first: bool):
@@ -173,13 +181,20 @@ class GraphedModule:
             outputs = self.module(*inputs, **constants)
         before = state["host_values"].get(signature)
         difference = first_difference(before, record.calls) if before is not None else None
-        replaced = tensor_addresses([self.module], []) != state["addresses"]
-        if difference is not None or replaced:
+        moved = self._layout_moved()
+        if difference is not None or moved is not None:
             stale = f"; up to {n - last - 1} replays before this call may have used the old value" if not entered else ""
             what = f"a host value the forward hands to the GPU moved after the capture ({difference})"
-            state["disabled"] = (what if difference else "its parameters or buffers were replaced after the capture") + stale
+            state["disabled"] = (what if difference else moved) + stale
             warnings.warn(f"graphify: the model runs eagerly: {state['disabled']}", GraphifyFallbackWarning, stacklevel=3)
         return outputs
+
+    def _layout_moved(self) -> str | None:
+        """What changed in its tensors and submodules since the capture (reach.layout), or None."""
+        state = self.state
+        state["registrations"] = registrations()
+        now = layout([self.module], [])
+        return None if now == state["layout"] else layout_change(state["layout"], now)
 
     def _key(self, inputs, constants) -> tuple:
         """What a graph is valid for: the call's signature and which parameters require grad (a layer
@@ -215,7 +230,11 @@ class GraphedModule:
             and all(torch.is_tensor(t) and t.is_cuda for t in inputs)
             and all(v is None or isinstance(v, (numbers.Number, str)) for v in constants.values())
             and (any(t.requires_grad for t in inputs) or any(map(requires_grad, self.state["parameters"])))  # else no backward to graph
-            and not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in self.module.modules())
+            # hooks run at capture only; a hook added after it changes the layout (see __call__)
+            and (
+                self.state["graphed"] is not None
+                or not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in self.module.modules())
+            )
         )
 
     def _capture(self, inputs, constants) -> bool:
@@ -260,7 +279,7 @@ class GraphedModule:
         torch.set_autocast_cache_enabled(False)  # cached casts would outlive the capture; the values are the same
         graphed, why = None, None
         try:
-            with torch.cuda.device(inputs[0].device):  # make_graphed_callables works on the current GPU's streams
+            with torch.cuda.device(inputs[0].device), collection_paused():  # make_graphed_callables: on the current GPU's streams
                 graphed = torch.cuda.make_graphed_callables(forward, samples)
                 if changed_in_place(samples[: len(inputs)], before):
                     why = "its forward changes an input in place, which a replay would do to a copy of the input"
@@ -279,7 +298,7 @@ class GraphedModule:
             generator.graphsafe_set_state(saved_state)
         if why is None:
             self.state["graphed"], self.state["trained"] = graphed, trained
-            self.state["addresses"] = tensor_addresses([self.module], [])
+            self.state["layout"], self.state["registrations"] = layout([self.module], []), registrations()
         else:
             # graphs (or a failed capture's remains) hold static CUDA tensors in reference cycles: collected
             # later, they could be freed in a DataLoader worker forked before, which cannot touch CUDA and aborts

@@ -6,6 +6,7 @@ from __future__ import annotations
 import types
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from graphify.runtime.distributed import why_ddp_not_capturable
 
@@ -125,3 +126,61 @@ def tensor_addresses(modules, optimizers) -> tuple:
         tensors += [p for g in optimizer.param_groups for p in g["params"]]
         tensors += [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
     return tuple(t.data_ptr() for t in tensors)
+
+
+def forward_structure(modules) -> tuple:
+    """What the modules' forwards run besides their tensors: each submodule's class (a parametrization
+    changes it), a forward set on the instance, its hooks (pruning registers a forward pre-hook at each
+    call; each hook has its own key), and the global module hooks."""
+    common = tuple(tuple(hooks) for hooks in _global_module_hooks())
+    return common + tuple(
+        (type(m), m.__dict__.get("forward"), *(tuple(getattr(m, name)) for name in _MODULE_HOOKS)) for top in modules for m in top.modules()
+    )
+
+
+_MODULE_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def _global_module_hooks() -> list:
+    return [getattr(torch.nn.modules.module, "_global" + name, {}) for name in _MODULE_HOOKS]
+
+
+def layout(modules, optimizers) -> tuple:
+    """What a graph was captured on: the tensors' addresses and what the forwards run. Compared at the
+    checks that tell a graph still holds."""
+    return tensor_addresses(modules, optimizers), forward_structure(modules)
+
+
+def layout_change(before: tuple, after: tuple) -> str:
+    """What changed between two layouts, in words."""
+    if before[1] != after[1]:
+        return "what a module's forward runs changed after the capture (a hook or parametrization added or replaced: pruning, weight norm)"
+    return "parameters, buffers or optimizer state tensors were replaced after the capture (a module's half(), a submodule swapped)"
+
+
+class _Registrations:
+    """Parameters, buffers and submodules registered on any module since the first helper was built (by
+    global registration hooks, installed once)."""
+
+    count = 0
+    watching = False
+
+    @classmethod
+    def counted(cls, *_) -> None:  # returns None: the value registered stays as it is
+        cls.count += 1
+
+
+def watch_registrations() -> None:
+    if not _Registrations.watching:
+        _Registrations.watching = True
+        torch.nn.modules.module.register_module_parameter_registration_hook(_Registrations.counted)
+        torch.nn.modules.module.register_module_buffer_registration_hook(_Registrations.counted)
+        torch.nn.modules.module.register_module_module_registration_hook(_Registrations.counted)
+
+
+def registrations() -> tuple[int, int]:
+    """Two counters, read before each replay at the cost of two attributes: one moves whenever a hook is
+    registered anywhere (on a module or a tensor), the other whenever a module registers a parameter, buffer
+    or submodule. While neither moves, no module's forward changed its hooks, parametrizations or masks; when
+    one does, the layout is compared."""
+    return RemovableHandle.next_id, _Registrations.count
