@@ -130,22 +130,7 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
         _decide(analysis)
         blocked = analysis.verdict == Verdict.NOT_CAPTURABLE
         refusals = _confirm_rewrite(analysis, module)
-        # the planner's own reasons, each where it stands: every value or effect of the code that capture
-        # would freeze, and the reason that decides the verdict unless one of those is what it suspects
-        shown = [r for r in refusals if r.certain and r.rule in _CODE_FACTS]
-        first = refusals[0] if refusals and not blocked else None
-        if first is not None and first not in shown and not any(r.node is not None and contains(first.node, r.node) for r in shown):
-            shown.insert(0, first)
-        # where a breaker is reported already (the same statement, or a logging call around the node), the planner sees it again
-        flagged = {id(n) for f in analysis.all_findings for n in (walk(f.node) if f.rule.category == "logging-io" else [f.node])}
-        for refusal in shown:
-            node = refusal.node or loop.node  # a reason about the loop as a whole: told at its header
-            if refusal.node is not None and any(id(n) in flagged for n in _own_lines(node)):
-                continue
-            flagged.add(id(node))
-            fix = FIXES.get(refusal.rule.code, "see `graphify rule " + refusal.rule.code + "`")
-            # what the planner refuses, the rewrite does not remove
-            finding = Finding(refusal.rule, node, _module_of(loop, node), str(refusal), fix, False)
+        for finding in _refusal_findings(analysis, refusals, blocked):
             if reported(finding):
                 analysis.findings.append(finding)
         for fetch in analysis.fetches:
@@ -162,6 +147,44 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
         _report_loop(analysis, path, report)
     _report_rewritten(loops, path, report)
     return ModuleResult(module, results, report)
+
+
+def _refusal_findings(analysis: LoopAnalysis, refusals: list[Refusal], blocked: bool) -> list[Finding]:
+    """The planner's own reasons, each where it stands: every value or effect of the code that capture
+    would freeze, and the reason that decides the verdict unless one of those is what it suspects."""
+    loop = analysis.loop
+    shown = [r for r in refusals if r.certain and r.rule in _CODE_FACTS]
+    first = refusals[0] if refusals and not blocked else None
+    if first is not None and first not in shown and not any(r.node is not None and contains(first.node, r.node) for r in shown):
+        shown.insert(0, first)
+    # where a breaker is reported already (the same statement, or a logging call around the node), the planner sees it again
+    flagged = {id(n) for f in analysis.all_findings for n in (walk(f.node) if f.rule.category == "logging-io" else [f.node])}
+    told_at_calls: set[tuple[int, str]] = set()
+    findings = []
+    for refusal in shown:
+        node = refusal.node or loop.node  # a reason about the loop as a whole: told at its header
+        if refusal.node is not None and any(id(n) in flagged for n in _own_lines(node)):
+            continue
+        flagged.add(id(node))
+        node, message = _at_the_loops_call(loop, node, str(refusal))
+        if (id(node), refusal.rule.code) in told_at_calls:
+            continue  # one finding per call in the loop and code, however many lines of the helper it refuses
+        told_at_calls.add((id(node), refusal.rule.code))
+        fix = FIXES.get(refusal.rule.code, "see `graphify rule " + refusal.rule.code + "`")
+        # what the planner refuses, the rewrite does not remove
+        findings.append(Finding(refusal.rule, node, _module_of(loop, node), message, fix, False))
+    return findings
+
+
+def _at_the_loops_call(loop: Loop, node: cst.CSTNode, message: str) -> tuple[cst.CSTNode, str]:
+    """A reason found inside a function the loop calls is told at the call in the loop, where the user
+    acts on it (`top.update(...)`), naming the helper's line."""
+    site = next((site for n, site in loop.region.nodes if n is node), None)
+    call = loop.region.body_call_of(site) if site is not None and site.block is not loop.region.body_block else None
+    if call is None:
+        return node, message
+    helper = site.block.func.qualname or "a helper"
+    return call, f"{message} (in `{helper}`, {site.block.module.path}:{site.block.module.position(node).start.line})"
 
 
 def _own_lines(node: cst.CSTNode):

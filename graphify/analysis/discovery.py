@@ -345,7 +345,11 @@ class ModuleAnalysis:
         if any(is_backward(n, s.env) or is_model_call(n, s.env) for n, s in own):
             return False
         for nested in (n for n in _iter_nodes(loop.body) if type(n) in LOOPS):
-            calls = [(n, s) for n, s in self._walk(Block(block.func, block.env, [nested]), nested, lambda *a: True, True, set()) if isinstance(n, cst.Call)]
+            calls = [
+                (n, s)
+                for n, s in self._walk(Block(block.func, block.env, [nested]), nested, lambda *a: True, True, set())
+                if isinstance(n, cst.Call)
+            ]
             if any(is_backward(n, s.env) for n, s in calls) and any(is_optimizer_step(n, s.env) for n, s in calls):
                 return True
         return False

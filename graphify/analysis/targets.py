@@ -26,7 +26,7 @@ def seed_loop_target(target: cst.BaseExpression, it: cst.BaseExpression, env: En
     name = dotted(target)
     if isinstance(it, cst.Call):
         fname = (env.qualify(it.func) or "").rsplit(".", 1)[-1]
-        if fname in ("range", "trange"):
+        if fname in ("range", "trange", "count"):  # itertools.count(): the step counter of `zip(count(), loader)`
             if name:
                 seeds[name] = False
             return

@@ -221,12 +221,7 @@ class Env:
                 return False  # an attribute of a host value: `x.device.type`, `args.lr`
             return True if receiver is True and self.kind_of(expr.value) is None else None
         if isinstance(expr, cst.Subscript):
-            base = self._tensor(expr.value, depth + 1)
-            if base is True:
-                return True
-            if isinstance(expr.value, cst.Attribute) and expr.value.attr.value == "shape":
-                return False
-            return base
+            return self._item_tensor(expr, depth)
         if isinstance(expr, cst.BinaryOperation):
             sides = (self._tensor(expr.left, depth + 1), self._tensor(expr.right, depth + 1))
             if True in sides:
@@ -313,6 +308,53 @@ class Env:
         last = (qual or dotted(func) or "").rsplit(".", 1)[-1]
         if COLLECTIVE_HELPER.search(last) and call.args and not (qual or "").startswith("torch."):
             return True if self._tensor(call.args[0].value, depth + 1) is True else None
+        return None
+
+    def _item_tensor(self, expr: cst.Subscript, depth: int) -> bool | None:
+        """An item of a tensor is a tensor, of a shape a host number; a part of `next(it)` what `it` yields."""
+        drawn = self._drawn_item(expr, depth)
+        if drawn is not None:
+            return drawn
+        base = self._tensor(expr.value, depth + 1)
+        if base is True:
+            return True
+        if isinstance(expr.value, cst.Attribute) and expr.value.attr.value == "shape":
+            return False
+        return base
+
+    def _drawn_item(self, expr: cst.Subscript, depth: int) -> bool | None:
+        """A part of what `next(it)` draws, by what `it` yields: `i, (x, y) = next(it)` over
+        `iter(enumerate(loader))` binds a host index and two tensors, as the `for` loop it replaces would."""
+        path: list[int] = []
+        while isinstance(expr, cst.Subscript) and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
+            index = expr.slice[0].slice.value
+            if not isinstance(index, cst.Integer):
+                return None
+            path.insert(0, int(index.value))
+            expr = expr.value
+        if not (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "next" and expr.args):
+            return None
+        return self._yields(expr.args[0].value, path, depth + 1)
+
+    def _yields(self, iterable: cst.BaseExpression, path: list[int], depth: int) -> bool | None:
+        """Whether the part at `path` of an item of `iterable` is a tensor (True), a host value (False), or unknown."""
+        if depth > 8:
+            return None
+        if isinstance(iterable, cst.Name) and not (self.bound.get(iterable.value)):
+            values = self.values_of(iterable.value)
+            return self._yields(values[0], path, depth + 1) if len(values) == 1 else None
+        if not isinstance(iterable, cst.Call):
+            return None
+        name = (self.qualify(iterable.func) or "").rsplit(".", 1)[-1]
+        args = [a.value for a in iterable.args if a.keyword is None]
+        if name in ("iter", "tqdm") and args:
+            return self._yields(args[0], path, depth + 1)
+        if name in ("range", "count"):
+            return False
+        if name == "enumerate" and args and path:
+            return False if path[0] == 0 else self._yields(args[0], path[1:], depth + 1)
+        if name == "zip" and path and path[0] < len(args):
+            return self._yields(args[path[0]], path[1:], depth + 1)
         return None
 
     def _any_tensor(self, parts: list[cst.BaseExpression], depth: int) -> bool | None:
