@@ -89,7 +89,6 @@ LONG_FUNCTIONS = {
     "graphify.rewrite.emit::_loop": 72,
     "graphify.rules.host_sync::_check_call": 110,
     "graphify.rules.optimizers::check": 67,
-    "graphify.runtime.captured_step::__call__": 68,
     "graphify.verify.child::main": 64,
 }
 

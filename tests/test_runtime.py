@@ -403,3 +403,16 @@ def test_tensors_replaced_by_a_checkpoint_load_are_told_by_their_addresses():
     assert tensor_addresses([model], [optimizer]) == before
     optimizer.load_state_dict(saved_optimizer)
     assert tensor_addresses([model], [optimizer]) != before
+
+
+def test_the_modes_a_step_sets_itself_are_told_from_those_it_was_called_with():
+    """`model.train()` inside a captured step: replays skip it, so CapturedStep sets what it set at capture."""
+    from graphify.runtime.captured_step import modes_changed
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+    submodules = list(model.modules())
+    model.eval()
+    before = bytes(m.training for m in submodules)
+    model.train()
+    assert modes_changed(submodules, before) == [(m, True) for m in submodules]
+    assert modes_changed(submodules, bytes(m.training for m in submodules)) == []

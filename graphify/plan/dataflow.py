@@ -151,7 +151,7 @@ def check_captured_code(plan, body, refuse) -> None:
             # `t.requires_grad_()` on a tensor only marks it for autograd, which capture records like any other op
             receiver = node.func.value if method == "requires_grad_" else None
             on_tensor = receiver is not None and env.kind_of(receiver) not in (MODEL, DDP) and env.is_tensor(receiver)
-            if method in _MODE_METHODS and not _is_torch_namespace(node.func, env) and not on_tensor:
+            if method in _MODE_METHODS and not _is_torch_namespace(node.func, env) and not on_tensor and not _replayed_mode_call(node, env):
                 refuse(MUTATED_STATE, node, f"the step calls `.{method}()`, which changes module state that replays would not")
             if (
                 method in _COLLECTING | _REMOVING
@@ -174,6 +174,14 @@ def check_captured_code(plan, body, refuse) -> None:
                 if t.attr.value == SYNC_FLAG:
                     continue  # DDP's sync switch: GFY612 says whether it is set alike on every step
                 refuse(MUTATED_STATE, node, f"the step assigns `{dotted(t) or 'an attribute'}`, a host state change replays would not make")
+
+
+def _replayed_mode_call(call: cst.Call, env) -> bool:
+    """`model.train()`, `teacher.eval()`, `net.train(False)` on a model the step runs: the mode is part of each
+    graph's key, and CapturedStep sets after each replay the modes the step's own calls set at capture."""
+    method = call.func.attr.value
+    constant = not call.args or (method == "train" and len(call.args) == 1 and dotted(call.args[0].value) in ("True", "False"))
+    return method in ("train", "eval") and constant and env.kind_of(call.func.value) in (MODEL, DDP)
 
 
 def _freezes_parameters(plan) -> bool:

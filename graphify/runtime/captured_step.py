@@ -108,7 +108,7 @@ class CapturedStep:
         key = (key, host, torch.is_grad_enabled(), modes)
         captured = state.graphs.get(key)
         if captured is not None:
-            graph, static_tensors, static_outputs, grads, changed = captured
+            static_tensors, grads = captured[1], captured[3]
             if (moved := moved_settings(state.group_counts, state.frozen)) is not None:  # SGD's LR moved by a per-epoch scheduler
                 self._forget_graphs(warm=moved == "lr" and not state.ddps)
                 return self.__call__(*inputs, key=key[0])
@@ -123,17 +123,7 @@ class CapturedStep:
                     entered = n - state.entry_checked.get(key, 0) >= RECHECK_FROM
                 if state.recorded and (entered or (n >= RECHECK_FROM and not n & (n - 1))):
                     return self._rechecked(key, tensors, inputs, entered)
-                for static, new in zip(static_tensors, tensors):
-                    static.copy_(new, non_blocking=True)
-                for entry in state.lr_tensors:
-                    group, lr, value = entry
-                    if group["lr"] != value:  # the scheduler moved it: one small fill, outside the graph
-                        lr.fill_(group["lr"])
-                        entry[2] = group["lr"]
-                graph.replay()
-                for i in changed:  # inputs the step changes in place: the caller's tensors change, as in eager
-                    tensors[i].copy_(static_tensors[i], non_blocking=True)
-                return static_outputs
+                return self._replay(captured, tensors)
             return self._eager(tensors, inputs)
         runs = state.eager_runs.get(key, 0)
         if runs == 0 and len(state.eager_runs) >= MAX_KEYS:
@@ -149,6 +139,23 @@ class CapturedStep:
         if self._gpu_bound():
             return self._eager(tensors, inputs)
         return self._capture(key, tensors, inputs)
+
+    def _replay(self, captured, tensors):
+        """Copy the inputs in, follow a moved learning rate, replay; then what eager code would see changed."""
+        graph, static_tensors, static_outputs, _, changed, modes_set = captured
+        for static, new in zip(static_tensors, tensors):
+            static.copy_(new, non_blocking=True)
+        for entry in self.state.lr_tensors:
+            group, lr, value = entry
+            if group["lr"] != value:  # the scheduler moved it: one small fill, outside the graph
+                lr.fill_(group["lr"])
+                entry[2] = group["lr"]
+        graph.replay()
+        for i in changed:  # inputs the step changes in place: the caller's tensors change, as in eager
+            tensors[i].copy_(static_tensors[i], non_blocking=True)
+        for module, training in modes_set:  # `model.train()` in the step: replays set the flag, as eager would
+            module.training = training
+        return static_outputs
 
     def _fetch_ahead(self) -> bool:
         """Whether the micro-step batches of this call may be fetched before it: on CUDA, once `warmup`
@@ -314,7 +321,8 @@ class CapturedStep:
         state.pool = graph.pool()
         changed = changed_in_place(statics, before)  # a forward that normalises its input in place, say
         state.record_layout()
-        state.graphs[key] = (graph, statics, static_outputs, watch.gradients(), changed)
+        modes_set = modes_changed(state.submodules, key[3][0])  # by the step's own mode calls, which replays skip
+        state.graphs[key] = (graph, statics, static_outputs, watch.gradients(), changed, modes_set)
         if state.ddps and len(state.graphs) == 1:
             free_before_teardown(functools.partial(_drop_graphs, state, "its process group was destroyed"))
         graph.replay()  # capture records the step without running it: this replay trains on the batch
@@ -383,6 +391,11 @@ class CapturedStep:
             level, frame = level + 1, frame.f_back
         name = getattr(self.step, "__qualname__", "step")
         warnings.warn(f"graphify: `{name}` {outcome}: {why}", GraphifyFallbackWarning, stacklevel=level)
+
+
+def modes_changed(submodules, before: bytes) -> list:
+    """The submodules whose train/eval mode differs from `before`, with the mode they have now."""
+    return [(m, m.training) for m, was in zip(submodules, before) if m.training != bool(was)]
 
 
 def _drop_graphs(state: StepCaptures, why: str) -> None:
