@@ -8,7 +8,7 @@ import warnings
 
 import torch
 
-from graphify.runtime.captures import GradientWatch, StepCaptures
+from graphify.runtime.captures import CapturedGraph, GradientWatch, StepCaptures
 from graphify.runtime.common import (
     WARMUP,
     Fetched,
@@ -108,7 +108,7 @@ class CapturedStep:
         key = (key, host, torch.is_grad_enabled(), modes)
         captured = state.graphs.get(key)
         if captured is not None:
-            static_tensors, grads = captured[1], captured[3]
+            static_tensors, grads = captured.statics, captured.gradients
             if (moved := moved_settings(state.group_counts, state.frozen)) is not None:  # SGD's LR moved by a per-epoch scheduler
                 self._forget_graphs(warm=moved == "lr" and not state.ddps)
                 return self.__call__(*inputs, key=key[0])
@@ -322,7 +322,7 @@ class CapturedStep:
         changed = changed_in_place(statics, before)  # a forward that normalises its input in place, say
         state.record_layout()
         modes_set = modes_changed(state.submodules, key[3][0])  # by the step's own mode calls, which replays skip
-        state.graphs[key] = (graph, statics, static_outputs, watch.gradients(), changed, modes_set)
+        state.graphs[key] = CapturedGraph(graph, statics, static_outputs, watch.gradients(), changed, modes_set)
         if state.ddps and len(state.graphs) == 1:
             free_before_teardown(functools.partial(_drop_graphs, state, "its process group was destroyed"))
         graph.replay()  # capture records the step without running it: this replay trains on the batch

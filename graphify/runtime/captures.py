@@ -4,11 +4,23 @@ warmup counts, the optimizers and modules it was found to use, and the record it
 from __future__ import annotations
 
 import operator
+from typing import NamedTuple
 
 import torch
 
 from graphify.runtime.common import Timing
 from graphify.runtime.reach import layout, layout_change, registrations
+
+
+class CapturedGraph(NamedTuple):
+    """One graph of a step, with what its replays need."""
+
+    graph: torch.cuda.CUDAGraph
+    statics: list  # static input tensors, copied into before each replay
+    outputs: object  # static outputs, which the next replay overwrites
+    gradients: "GraphGradients"
+    changed: tuple  # indexes of the inputs the step changes in place: copied back after each replay
+    modes_set: list  # (module, training) the step's own mode calls set: set again after each replay
 
 
 class StepCaptures:
@@ -28,7 +40,7 @@ class StepCaptures:
         self.handed: list = []  # models and optimizers handed to the first call as arguments: the ones inspected
         self.parameters: list = []  # theirs: which require grad is part of each key (freezing, unfreezing)
         self.ddps: list = []  # DistributedDataParallel models the step runs: longer warmup, ranks agree on captures
-        self.graphs: dict = {}  # key -> (graph, static input tensors, static outputs, its GraphGradients, inputs it changes)
+        self.graphs: dict = {}  # key -> CapturedGraph
         self.eager_runs: dict = {}
         self.pool = None
         self.lr_tensors: list = []  # [param group, device tensor, float it holds]

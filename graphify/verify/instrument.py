@@ -186,7 +186,7 @@ def _probe(analysis: LoopAnalysis) -> tuple[cst.CSTNode, int, str, bool] | None:
         carried = _carried(plan)
         if not anchors and plan is not None:
             # the step runs in a called function: record what the captured call returns
-            optimizers = _tuple([_code(o) for o in plan.optimizers]) or "None"
+            optimizers = _optimizers([_code(o) for o in plan.optimizers])
             return loop.node, plan.last, f"{PROBE}({_tuple(plan.outputs) or 'None'}, {optimizers}{carried})", bool(plan.outputs)
         if not anchors:
             return None
@@ -196,7 +196,7 @@ def _probe(analysis: LoopAnalysis) -> tuple[cst.CSTNode, int, str, bool] | None:
         owner, index = loop.node, anchors[-1]
         if not isinstance(plan, Plan):  # a whole step captures its `if` (keyed by the condition); a partial one leaves it in the loop
             owner, index = _step_block(loop.node, index, [n for _, n in calls if is_step_op(n, env)])
-        return owner, index, f"{PROBE}({value or 'None'}, {_tuple([_code(o) for o in optimizers]) or 'None'}{carried})", bool(losses)
+        return owner, index, f"{PROBE}({value or 'None'}, {_optimizers([_code(o) for o in optimizers])}{carried})", bool(losses)
     anchors = [i for i, n in calls if is_model_call(n, env)]
     if not anchors:
         return None
@@ -285,6 +285,11 @@ def _tuple(items: list[str]) -> str:
     if len(items) <= 1:
         return items[0] if items else ""
     return f"({', '.join(items)})"
+
+
+def _optimizers(items: list[str]) -> str:
+    """Always a tuple: a probe handed the loss and a bare optimizer would read as a step run out of sight (GFY707)."""
+    return f"({', '.join(items)}{',' if len(items) == 1 else ''})" if items else "None"
 
 
 def _distinct(exprs) -> list[cst.BaseExpression]:
