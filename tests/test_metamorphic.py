@@ -187,3 +187,26 @@ def test_move_model_train_out_of_and_into_the_function():
     """
     assert _applied("move_model_train", inside) == textwrap.dedent(outside)
     assert _applied("move_model_train", outside) == textwrap.dedent(inside)
+
+
+def test_from_torch_import_binds_what_it_uses():
+    source = """\
+    import torch
+    import torch.nn as nn
+
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    """
+    assert _applied("from_torch_import", source) == textwrap.dedent("""\
+    import torch
+    from torch import optim
+    from torch import nn
+
+    model = nn.Linear(2, 2)
+    optimizer = optim.SGD(model.parameters(), lr=0.1)
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    """)
+    taken = source.replace("torch.nn.utils", "optim = torch.nn.utils")
+    out = _applied("from_torch_import", taken)  # `optim` is a variable here: torch.optim stays
+    assert "torch.optim.SGD" in out and "from torch import optim" not in out and "from torch import nn" in out

@@ -1,7 +1,8 @@
 """The metamorphic suite: source transformations that keep a script's meaning, and what graphify decides on a
 script before and after each (tests/test_metamorphic.py, scripts/metamorphic-report)."""
 
-from . import bookkeeping, loops, names, spelling, structure  # noqa: F401  (each registers its transformations)
+# each module registers its transformations, in this order
+from . import names, spelling, loops, structure, bookkeeping  # noqa: F401
 from .registry import TRANSFORMATIONS, Transformation
 
 __all__ = ["TRANSFORMATIONS", "Transformation"]

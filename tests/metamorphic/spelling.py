@@ -36,15 +36,15 @@ def from_torch_import(source: str) -> str | None:
         binders = [a for a in s.of(ast.alias) if (a.asname or a.name.split(".")[0]) == sub]
         if any(a.name != f"torch.{sub}" and not _from_torch(s, a, sub) for a in binders):
             continue  # `nn` or `optim` is something else here
+        chains = [n for n in s.of(ast.Attribute) if isinstance(n.value, ast.Name) and n.value.id == "torch" and n.attr == sub]
+        if chains and not binders:
+            if any(n.id == sub for n in s.of(ast.Name)):
+                continue  # a variable of that name
+            added.append(sub)
         for imp in s.of(ast.Import):
             if [a.name for a in imp.names] == [f"torch.{sub}"] and imp.names[0].asname == sub:
                 edits.append((*s.span(imp), f"from torch import {sub}"))
-        chains = [n for n in s.of(ast.Attribute) if isinstance(n.value, ast.Name) and n.value.id == "torch" and n.attr == sub]
         edits += [(*s.span(n), sub) for n in chains]
-        if chains and not binders:
-            if sub in s.identifiers:
-                continue
-            added.append(sub)
     if added:
         first = next(a for a in s.of(ast.Import) if any(x.name == "torch" and x.asname is None for x in a.names))
         edits.append((*[s.span(first)[1]] * 2, "".join(f"\nfrom torch import {sub}" for sub in added)))
