@@ -445,3 +445,28 @@ def test_moving_a_tensor_already_on_the_device_is_no_breaker(device):
     assert "GFY301" not in _codes(source)
     [loop] = _train_loops(_outcomes(source))
     assert loop.rewritten and not loop.model_only, loop.reasons
+
+
+@pytest.mark.parametrize("prints", [False, True])
+def test_a_local_meter_is_logging_only_when_its_body_prints(prints):
+    """`meter.update(loss.item())` after the step: host sums are bookkeeping (as a list's append is, GFY511
+    does not apply); a meter whose update prints is logging."""
+    meter = (
+        _METER.replace("        self.avg = self.sum / self.count\n", "        self.avg = self.sum / self.count\n        print(self.avg)\n")
+        if prints
+        else _METER
+    )
+    source = meter + textwrap.dedent(
+        """
+        def train(model, loader, opt, device):
+            meter = AverageMeter()
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                meter.update(loss.item())
+        """
+    )
+    assert ("GFY511" in _codes(source)) is prints

@@ -105,10 +105,13 @@ def is_logging_call(call: cst.Call, env: Env) -> bool:
     if name == "print":
         return True
     recv = (dotted(receiver) or "").lower()
+    local = env._local_method(call.func)
+    if local is not None and name in METER_METHODS:
+        # a meter of a local class: what its body does decides. Sums kept on the host are bookkeeping, as a
+        # list's append is, not I/O; fed tensors, it does device math the analysis follows into its body.
+        return _prints_or_logs(local)
     if name in METER_METHODS and any(h in part for part in recv.split(".") for h in METER_NAME_HINTS):
-        # metric_logger.update(loss=loss_value): host bookkeeping. A meter of a local class fed tensors does
-        # device math the analysis follows into its body; any other reads the tensors on the host, to log them.
-        return env._local_method(call.func) is None or not any(env._tensor(a.value, 0) for a in call.args)
+        return True  # metric_logger.update(loss=loss_value): a library's logger, read on the host to log
     if name not in LOGGING_METHODS:
         return False
     if name == "log" and recv == "self":
@@ -116,6 +119,18 @@ def is_logging_call(call: cst.Call, env: Env) -> bool:
     if name in ("write",) and not any(h in recv for h in ("pbar", "bar", "tqdm", "stdout", "stderr")):
         return False
     return any(h in recv.rsplit(".", 1)[-1] or h in recv for h in LOGGER_NAME_HINTS) or _built_as_logger(receiver, env)
+
+
+def _prints_or_logs(fn: cst.FunctionDef) -> bool:
+    """Whether a method prints, logs or writes (directly): `print(...)`, `logger.info(...)`, `f.write(...)`."""
+    for n in iter_nodes(fn.body):
+        if type(n) is not cst.Call:
+            continue
+        if isinstance(n.func, cst.Name) and n.func.value == "print":
+            return True
+        if isinstance(n.func, cst.Attribute) and n.func.attr.value in LOGGING_METHODS:
+            return True
+    return False
 
 
 # what the function building a receiver is named after: `wb = get_wandb_backend(args)`, `tracker = make_logger(cfg)`
