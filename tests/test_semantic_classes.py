@@ -470,3 +470,32 @@ def test_a_local_meter_is_logging_only_when_its_body_prints(prints):
         """
     )
     assert ("GFY511" in _codes(source)) is prints
+
+
+@pytest.mark.parametrize(
+    "draws",
+    [
+        "step = next(steps)\n        x, y = next(batches)",  # steps = iter(range(n)), batches = iter(loader)
+        "step, (x, y) = next(numbered)",  # numbered = iter(enumerate(loader))
+    ],
+)
+def test_a_counter_drawn_with_next_is_a_host_value(draws):
+    """`while True: step = next(it)` over `iter(range(n))`: what it draws is what `range` yields, a host int,
+    as the `for` loop it replaces binds; `if step % 10 == 0` is no tensor branch."""
+    source = f"""
+    def train(model, loader, opt, n):
+        steps, batches, numbered = iter(range(n)), iter(loader), iter(enumerate(loader))
+        while True:
+            try:
+                {draws}
+            except StopIteration:
+                break
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x.cuda()), y.cuda())
+            loss.backward()
+            opt.step()
+            if step % 10 == 0:
+                print(step)
+    """
+    codes = _codes(source)
+    assert "GFY101" not in codes and "GFY006" not in codes, codes

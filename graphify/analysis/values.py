@@ -264,8 +264,8 @@ class Env:
             "math",
         }:
             return False if func.value != "abs" else self._tensor(call.args[0].value, depth + 1) if call.args else None
-        if isinstance(func, cst.Name) and func.value == "next":
-            return True
+        if isinstance(func, cst.Name) and func.value == "next":  # what the iterator yields: a batch, unless known
+            return (self._yields(call.args[0].value, [], depth + 1) if call.args else None) is not False
         if isinstance(func, cst.Name) and func.value in SAME_ITEMS and call.args:
             # the same items in another container: tensors if one of them holds one, host if all are host
             return self._any_tensor([a.value for a in call.args if a.keyword is None], depth)
