@@ -499,3 +499,23 @@ def test_a_counter_drawn_with_next_is_a_host_value(draws):
     """
     codes = _codes(source)
     assert "GFY101" not in codes and "GFY006" not in codes, codes
+
+
+def test_a_counter_a_function_declares_global_is_a_per_step_host_value():
+    """`global skipped` then `skipped += 1` in the step: the module binds it (a host int) and the loop changes
+    it every step, as when the loop stands at module level (GFY701)."""
+    source = """
+    skipped = 0
+
+    def train(model, loader, opt):
+        global skipped
+        for x, y in loader:
+            x, y = x.cuda(), y.cuda()
+            loss = F.cross_entropy(model(x), y)
+            skipped += 1
+            opt.zero_grad()
+            (loss * skipped).backward()
+            opt.step()
+    """
+    [loop] = _train_loops(_outcomes(source))
+    assert (not loop.rewritten or loop.model_only) and "GFY701" in _codes(source), loop.reasons

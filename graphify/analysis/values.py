@@ -69,7 +69,21 @@ class Env:
     def values_of(self, name: str) -> list[cst.BaseExpression]:
         if name.startswith("self.") and self.class_scope is not None:
             return self.class_scope.values.get(name, [])
+        if name in self.declared_global():  # `global skipped` then `skipped += 1`: the module's binding too
+            return self.scope.values.get(name, []) + self.module_scope.values.get(name, [])
         return self.scope.values.get(name) or self.module_scope.values.get(name, [])
+
+    def declared_global(self) -> frozenset[str]:
+        node = getattr(self.func, "node", None)
+        if node is None:
+            return frozenset()
+        found = _GLOBALS.get(id(node))
+        if found is None or found[0] is not node:
+            names = frozenset(
+                n.name.value for s in simple_statements(node) for small in s.body if type(small) is cst.Global for n in small.names
+            )
+            found = _GLOBALS[id(node)] = (node, names)
+        return found[1]
 
     def qualify(self, expr: cst.BaseExpression) -> str | None:
         return self.aliases.qualify(expr)
@@ -397,9 +411,12 @@ class Env:
         bounds the inference through helpers' return values (recursive helpers must terminate)."""
         for name, is_tensor in seeds.items():
             (self.tensors if is_tensor else self.hosts).add(name)
+        bindings = dict(local.values)
+        for name in self.declared_global():  # bound at module level too: `global step` then `step += 1`
+            bindings[name] = bindings.get(name, []) + self.module_scope.values.get(name, [])
         for _ in range(6):
             changed = False
-            for name, values in local.values.items():
+            for name, values in bindings.items():
                 for value in values:
                     verdict = self._tensor(value, depth)
                     if verdict is True and name not in self.tensors:
@@ -414,6 +431,7 @@ class Env:
 
 
 _EVAL_RECEIVERS: dict[int, tuple[cst.CSTNode, set[str]]] = memo()
+_GLOBALS: dict[int, tuple[cst.CSTNode, frozenset[str]]] = memo()
 
 
 def is_module_class(cls: cst.ClassDef, classes: dict[str, cst.ClassDef], depth: int = 0) -> bool:

@@ -41,7 +41,8 @@ def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enc
         per_iteration |= names_written(cst.Assign([cst.AssignTarget(plan.loop.node.target)], cst.Name("_")))
     outside = _names_read_outside(enclosing, {id(body[i]) for i in plan.graph})
     outside |= set().union(*(names_read(host) for _, host in plan.hoisted.values()))
-    defined_outside = _names_written_outside(enclosing, {id(body[i]) for i in plan.graph}) | per_iteration
+    # a name the function declares `global` is bound outside it, at module level
+    defined_outside = _names_written_outside(enclosing, {id(body[i]) for i in plan.graph}) | per_iteration | env.declared_global()
     read_first: set[str] = set()  # names the step reads before it binds them itself
     bound: set[str] = set()
     for stmt in graph_stmts:
