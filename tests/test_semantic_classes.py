@@ -519,3 +519,50 @@ def test_a_counter_a_function_declares_global_is_a_per_step_host_value():
     """
     [loop] = _train_loops(_outcomes(source))
     assert (not loop.rewritten or loop.model_only) and "GFY701" in _codes(source), loop.reasons
+
+
+# ---- 5. the loop that trains is found ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer", ["optimizer", "opt_", "adamw"])
+def test_a_loop_stepping_through_a_scaler_object_is_found_whatever_the_optimizer_is_called(optimizer):
+    """`loss_scaler(loss, opt_)`, whose class's `__call__` runs backward and the step: the loop trains."""
+    source = f"""
+    class LossScaler:
+        def __init__(self):
+            self._scaler = torch.cuda.amp.GradScaler()
+
+        def __call__(self, loss, opt):
+            self._scaler.scale(loss).backward()
+            self._scaler.step(opt)
+            self._scaler.update()
+
+    def train(model, loader):
+        {optimizer} = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        loss_scaler = LossScaler()
+        for x, y in loader:
+            loss = F.cross_entropy(model(x.cuda()), y.cuda())
+            {optimizer}.zero_grad()
+            loss_scaler(loss, {optimizer})
+    """
+    assert [loop.kind for loop in _outcomes(source).outcomes] == ["train"]
+
+
+def test_the_step_loop_is_found_beside_a_flush_after_it():
+    source = """
+    def train(model, loader, accum, epochs):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(epochs):
+            for i, (x, y) in enumerate(loader):
+                loss = F.cross_entropy(model(x.cuda()), y.cuda()) / accum
+                loss.backward()
+                if (i + 1) % accum == 0:
+                    opt.step()
+                    opt.zero_grad()
+            if len(loader) % accum:
+                opt.step()
+                opt.zero_grad()
+    """
+    result = _outcomes(source)
+    [loop] = result.outcomes
+    assert loop.line == 1 + _HEADER.count("\n") + 4 and loop.rewritten, loop

@@ -98,11 +98,22 @@ class ModuleAnalysis:
 
     @cached_property
     def _steppers(self) -> set[str]:
-        """Names of functions and methods of this module that run a backward or optimizer step."""
+        """Names of functions and methods of this module that run a backward or optimizer step, and of the
+        objects it makes of a class whose `__call__` does (`loss_scaler = NativeScaler()`, whatever the
+        optimizer it is handed is called)."""
         found = set()
         for node in _iter_nodes_all(self.module.tree):
             if type(node) is cst.FunctionDef and any(_is_step_like(n) for n in _iter_nodes(node.body)):
                 found.add(node.name.value)
+        stepping_classes = {
+            name
+            for name, cls in self.module.classes.items()
+            if (call := self.module.method(cls, "__call__")) is not None and any(_is_step_like(n) for n in _iter_nodes(call.body))
+        }
+        for node in _iter_nodes_all(self.module.tree):
+            if type(node) is cst.Assign and type(node.value) is cst.Call and dotted(node.value.func) in stepping_classes:
+                found.update(target.value for t in node.targets for target in [t.target] if type(target) is cst.Name)
+                found.update(t.target.attr.value for t in node.targets if type(t.target) is cst.Attribute)
         return found
 
     def _could_step_or_infer(self, loop, ancestors) -> bool:

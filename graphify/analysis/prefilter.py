@@ -40,6 +40,14 @@ def _names_optimizer(arg: ast.AST) -> bool:
     return kind_by_name(name) == OPTIMIZER
 
 
+def _steps_when_called(method: ast.AST) -> bool:
+    return (
+        isinstance(method, _FUNCTIONS)
+        and method.name == "__call__"
+        and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _STEP_ATTRS for n in ast.walk(method))
+    )
+
+
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _LOOPS = (ast.For, ast.While, ast.AsyncFor)
 
@@ -54,7 +62,18 @@ class _Scan:
         self.steppers: set[str] = set()  # functions that run a step themselves (in their own code or a nested def)
         self.called_in_loops: set[str] = set()
         self.enclosing: list[str] = []  # names of the functions around the node being visited
-        self.found = self._visit(tree, no_grad=False, in_loop=False) or not self.called_in_loops.isdisjoint(self.steppers)
+        self.found = self._visit(tree, no_grad=False, in_loop=False) or not self.called_in_loops.isdisjoint(
+            self.steppers | self._stepping_objects(tree)
+        )
+
+    def _stepping_objects(self, tree: ast.Module) -> set[str]:
+        """Objects made of a class whose `__call__` steps (`loss_scaler = LossScaler()`): calling them steps."""
+        classes = {c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and any(_steps_when_called(f) for f in c.body)}
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) in classes:
+                found.update(t.id if isinstance(t, ast.Name) else t.attr for t in node.targets if isinstance(t, (ast.Name, ast.Attribute)))
+        return found
 
     def _visit(self, node: ast.AST, no_grad: bool, in_loop: bool) -> bool:
         for child in ast.iter_child_nodes(node):
