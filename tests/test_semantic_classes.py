@@ -566,3 +566,27 @@ def test_the_step_loop_is_found_beside_a_flush_after_it():
     result = _outcomes(source)
     [loop] = result.outcomes
     assert loop.line == 1 + _HEADER.count("\n") + 4 and loop.rewritten, loop
+
+
+def test_a_loss_returned_by_a_method_of_the_same_class_is_a_tensor():
+    """`loss = self.training_step(batch)`: its return value is what that method returns, a tensor, so
+    `float(loss)` reads it on the host (GFY005) as `loss.item()` would (GFY001)."""
+    source = """
+    class Trainer:
+        def __init__(self, model, opt, loader):
+            self.model, self.opt, self.loader, self.history = model, opt, loader, []
+
+        def training_step(self, batch):
+            x, y = batch
+            loss = F.cross_entropy(self.model(x.cuda()), y.cuda())
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            return loss
+
+        def fit(self):
+            for batch in self.loader:
+                loss = self.training_step(batch)
+                self.history.append(float(loss))
+    """
+    assert "GFY005" in _codes(source)

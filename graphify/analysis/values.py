@@ -377,10 +377,13 @@ class Env:
         return True if True in verdicts else (False if verdicts <= {False} else None)
 
     def _local_method(self, func: cst.BaseExpression) -> cst.FunctionDef | None:
-        """`runner.step` where `runner = LocalClass(...)`: that class's method."""
+        """`runner.step` where `runner = LocalClass(...)`, or `self.training_step` in a method: that class's method."""
         if self.module is None or not isinstance(func, cst.Attribute):
             return None
         owner = dotted(func.value)
+        cls = getattr(self.func, "cls", None)
+        if owner == "self" and cls is not None:
+            return self.module.method(cls, func.attr.value)
         for value in self.values_of(owner) if owner else ():
             if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in self.module.classes:
                 return self.module.method(self.module.classes[value.func.value], func.attr.value)
