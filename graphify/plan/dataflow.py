@@ -371,7 +371,8 @@ def _owner_in_loop_body(target: cst.Attribute, site) -> str | None:
             return None
         root = (dotted(block.call.func.value) or "").split(".")[0]
         block = block.parent
-    return root or None if root in block.env.scope.values or root in block.env.bound else None
+    known = root in block.env.scope.values or root in block.env.bound
+    return root if root and known else None
 
 
 _PROCESS_STATE = {"set_grad_enabled", "manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state", "set_rng_state_all"}
