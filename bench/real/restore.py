@@ -19,12 +19,21 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "manifest.toml"
+MANIFEST_PARTS = HERE / "manifest.d"
 DEFAULT_DEST = HERE / "src"
 
 
-def load_manifest(path: Path = MANIFEST) -> list[dict]:
-    with path.open("rb") as handle:
-        return tomllib.load(handle)["script"]
+def manifest_files() -> list[Path]:
+    """manifest.toml, then each domain's part in manifest.d/, in name order."""
+    return [MANIFEST, *sorted(MANIFEST_PARTS.glob("*.toml"))]
+
+
+def load_manifest() -> list[dict]:
+    entries: list[dict] = []
+    for path in manifest_files():
+        with path.open("rb") as handle:
+            entries += tomllib.load(handle).get("script", [])
+    return entries
 
 
 def restored_path(entry: dict, dest: Path = DEFAULT_DEST) -> Path:

@@ -31,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 WORK = HERE / "work"
 RUNS = HERE / "runs.toml"
+RUN_PARTS = HERE / "runs.d"
 sys.path[:0] = [str(HERE), str(ROOT)]
 
 from restore import _git, _git_dir, load_manifest, restore_one  # noqa: E402
@@ -41,9 +42,15 @@ FALLBACK = "GraphifyFallbackWarning"  # the runtime's one warning when a step ru
 
 
 def load_runs() -> tuple[list[dict], dict[str, str]]:
-    with RUNS.open("rb") as handle:
-        doc = tomllib.load(handle)
-    return doc["run"], doc.get("not_run", {})
+    """runs.toml, then each domain's part in runs.d/ (named as its manifest.d/ part)."""
+    runs: list[dict] = []
+    not_run: dict[str, str] = {}
+    for path in [RUNS, *sorted(RUN_PARTS.glob("*.toml"))]:
+        with path.open("rb") as handle:
+            doc = tomllib.load(handle)
+        runs += doc.get("run", [])
+        not_run.update(doc.get("not_run", {}))
+    return runs, not_run
 
 
 def script_path(entry: dict) -> Path:
