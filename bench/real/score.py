@@ -95,7 +95,10 @@ def check_file(path: Path) -> tuple[list[tuple[int, str, str]], list[tuple[int, 
     from graphify.config import Settings
     from graphify.engine import analyze_source
 
-    report = analyze_source(path.read_text(encoding="utf-8"), str(path), Settings())
+    from graphify.notebooks import load_module
+
+    source, _ = load_module(str(path))  # a notebook: its code cells joined, the lines labels count
+    report = analyze_source(source, str(path), Settings())
     diagnostics = [(d.line, d.rule.category, d.rule.code) for d in report.diagnostics]
     loops = [(lp.line, lp.kind, lp.verdict.value) for lp in report.loops]
     return diagnostics, loops
