@@ -151,6 +151,31 @@ safetensors.torch.save_file({k: v.contiguous() for k, v in net.state_dict().item
     _mark(folder)
 
 
+def image_list(path: Path, count: int = 64, size: int = 128) -> None:
+    """A JSON list of image file paths (the layout of create_data_lists' train_images.json in the
+    super-resolution tutorial): `count` random RGB JPEGs of size x size pixels in a folder beside it."""
+    import json
+
+    from PIL import Image
+
+    if path.exists():
+        return
+    images = path.parent / (path.stem + "_files")
+    images.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    names = []
+    for index in range(count):
+        target = images / f"{index:05d}.jpg"
+        Image.fromarray(rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)).save(target, quality=90)
+        names.append(str(target.resolve()))
+    path.write_text(json.dumps(names))
+
+
+def empty_folder(folder: Path) -> None:
+    """A folder that a script writes into but does not create itself (Cutout's logs/ and checkpoints/)."""
+    folder.mkdir(parents=True, exist_ok=True)
+
+
 def byte_archive(path: Path, size: int = 92_000_000) -> None:
     """A gzip file of `size` bytes of printable text (enwik8's layout: a byte stream that scripts read
     whole and split at 90e6 for validation, so the size must pass that split)."""
@@ -167,6 +192,8 @@ def byte_archive(path: Path, size: int = 92_000_000) -> None:
 
 
 GENERATORS = {
+    "image_list": image_list,
+    "empty_folder": empty_folder,
     "byte_archive": byte_archive,
     "timm_checkpoint": timm_checkpoint,
     "mnist": mnist,
