@@ -191,6 +191,39 @@ def byte_archive(path: Path, size: int = 92_000_000) -> None:
             handle.write(rng.integers(32, 127, size=min(chunk, size - start), dtype=np.uint8).tobytes())
 
 
+def interaction_sequences(path: Path, users: int = 1024, items: int = 2000, shortest: int = 5, longest: int = 40) -> None:
+    """A user-item interaction log, one `user item` pair of integers a line, ids from 1, each user's
+    items in time order (SASRec's data/<name>.txt layout)."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    with path.open("w") as handle:
+        for user in range(1, users + 1):
+            for item in rng.integers(1, items + 1, size=rng.integers(shortest, longest + 1)):
+                handle.write(f"{user} {item}\n")
+
+
+def citation_graph(folder: Path, name: str = "cora", nodes: int = 2708, features: int = 500, classes: int = 7, edges: int = 5429) -> None:
+    """A citation network in Cora's planetoid text layout: folder/<name>.content (`<paper id> <0/1
+    features...> <class name>` a line) and folder/<name>.cites (`<cited id> <citing id>` a line)."""
+    if _done(folder):
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    ids = rng.choice(10 * nodes, size=nodes, replace=False) + 1
+    bits = (rng.random((nodes, features)) < 0.02).astype(np.uint8)
+    labels = rng.integers(0, classes, size=nodes)
+    with (folder / f"{name}.content").open("w") as handle:
+        for paper, row, label in zip(ids, bits, labels):
+            handle.write(f"{paper}\t" + "\t".join(map(str, row)) + f"\tclass_{label}\n")
+    pairs = rng.integers(0, nodes, size=(edges, 2))
+    with (folder / f"{name}.cites").open("w") as handle:
+        for cited, citing in pairs:
+            handle.write(f"{ids[cited]}\t{ids[citing]}\n")
+    _mark(folder)
+
+
 GENERATORS = {
     "image_list": image_list,
     "empty_folder": empty_folder,
@@ -202,4 +235,6 @@ GENERATORS = {
     "image_folder": image_folder,
     "pet_images": pet_images,
     "hub_weights": hub_weights,
+    "interaction_sequences": interaction_sequences,
+    "citation_graph": citation_graph,
 }
