@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import click
 
 from graphify import __version__
-from graphify.reporters import FORMATS
+from graphify.reporters import FORMATS, TEXT_FORMATS
 
 if TYPE_CHECKING:  # pragma: no cover
     from graphify.config import Settings
@@ -64,7 +64,15 @@ def get_analyzer() -> Analyzer:
 
 @cli.command(short_help="Report graph breakers and a verdict for each loop (`-`: standard input).")
 @click.argument("paths", nargs=-1, type=click.Path(readable=False))  # an unreadable file is one error line, not a usage error
-@click.option("--format", "--output-format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True, help="Output format.")
+@click.option(
+    "--output-format",
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="concise",
+    show_default=True,
+    help="concise: one line per breaker (`text` is the same); full: with its code frame and fix hint; json, sarif, github.",
+)
 @click.option(
     "--select", metavar="CODES", help="Rules to check: codes, prefixes (GFY0), categories or ALL, comma-separated. Overrides the config."
 )
@@ -103,7 +111,7 @@ def check(
     paths = paths or (".",)
     if output_file and os.path.isfile(output_file) and output_file.endswith((".py", ".pyi", ".ipynb")):
         raise click.UsageError(f"-o {output_file}: that is a source file; the report would overwrite it")
-    if statistics and fmt not in ("text", "json"):
+    if statistics and fmt not in (*TEXT_FORMATS, "json"):
         raise click.UsageError(f"--statistics prints text or json, not {fmt}")
     try:
         settings = load_settings_from(config_file) if config_file else load_settings([stdin_filename or "."] if paths == ("-",) else paths)
@@ -129,7 +137,7 @@ class Output:
         self.path, self.quiet, self.color = path, quiet, color
 
     def colored(self, fmt: str, statistics: bool) -> bool:
-        if fmt != "text" or statistics or self.path:
+        if fmt not in TEXT_FORMATS or statistics or self.path:
             return False
         return self.color if self.color is not None else _want_color(sys.stdout)
 

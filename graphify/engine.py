@@ -10,7 +10,7 @@ import libcst as cst
 
 from graphify.analysis.checker import Checker, Finding, code_of, removable
 from graphify.analysis.discovery import ModuleAnalysis
-from graphify.analysis.region import Loop
+from graphify.analysis.region import Loop, Site
 from graphify.analysis.hand_capture import captured_kind
 from graphify.analysis.rewritten import RUNTIME_HELPERS, in_pasted_runtime, is_vendored_runtime, runtime_helper_assignments
 from graphify.analysis.statements import contains, walk
@@ -18,7 +18,7 @@ from graphify.analysis.prefilter import might_hold_loops
 from graphify.analysis.program import ModuleInfo, Program
 from graphify.analysis.tree import children, descendants, forget, nested_too_deep
 from graphify.files import python_syntax_error
-from graphify.model import Diagnostic, FileError, LoopReport, Report, Verdict
+from graphify.model import Diagnostic, FileError, LoopReport, Related, Report, Verdict
 from graphify.plan import PartialPlan, Plan, Refusal, make_partial_plan, make_plan
 from graphify.rules.rewrite_safety import FIXES, HOST_SIDE_EFFECT, MUTATED_STATE, PER_STEP_HOST_VALUE
 
@@ -78,7 +78,6 @@ def analyze_module(source: str, path: str, settings, program: Program | None = N
 
 def _analyze_module(source: str, path: str, settings, program: Program | None) -> ModuleResult:
     from graphify.rules import families
-    from graphify.suppressions import parse_suppressions
 
     report = Report(files_checked=1)
     rewritten = any(f"{helper}(" in source for helper in RUNTIME_HELPERS)  # its loops may no longer step themselves
@@ -95,7 +94,7 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
     forget()
     program = program or Program()
     module = program.add(path, source, tree)
-    suppressions: dict[str, object] = {}
+    reported = _Reported(settings)
     results = []
     loops = ModuleAnalysis(module)
     for loop in loops.loops():
@@ -109,15 +108,6 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
             continue
         checker = Checker(loop)
         seen = set()
-
-        def reported(finding: Finding) -> bool:
-            if not settings.enabled(finding.rule, finding.module.path):
-                return False
-            sup = suppressions.get(finding.module.path)
-            if sup is None:
-                sup = suppressions[finding.module.path] = parse_suppressions(finding.module.source)
-            return not sup.suppressed(finding.rule.code, finding.module.position(finding.node).start.line)
-
         for family in families():
             for finding in family.check(checker):
                 key = (id(finding.node), finding.rule.code)
@@ -125,13 +115,13 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
                     continue
                 seen.add(key)
                 analysis.all_findings.append(finding)
-                if reported(finding):
+                if reported(finding, loop):
                     analysis.findings.append(finding)
         _decide(analysis)
         blocked = analysis.verdict == Verdict.NOT_CAPTURABLE
         refusals = _confirm_rewrite(analysis, module)
         for finding in _refusal_findings(analysis, refusals, blocked):
-            if reported(finding):
+            if reported(finding, loop):
                 analysis.findings.append(finding)
         for fetch in analysis.fetches:
             # a batch taken with next() in the step breaks capture as written; the rewrite fetches it ahead
@@ -139,7 +129,7 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
             fix = "graphify rewrite fetches it before the replay, in the same order"
             finding = Finding(HOST_SIDE_EFFECT, fetch, _module_of(loop, fetch), message, fix, True)
             analysis.all_findings.append(finding)
-            if reported(finding):
+            if reported(finding, loop):
                 analysis.findings.append(finding)
         if analysis.verdict == Verdict.NOT_CAPTURABLE:
             _try_partial(analysis, refusals)
@@ -147,6 +137,32 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
         _report_loop(analysis, path, report)
     _report_rewritten(loops, path, report)
     return ModuleResult(module, results, report)
+
+
+class _Reported:
+    """Whether check reports a finding: its rule is selected for the file, and no comment suppresses it on
+    its line or, for a finding inside a function the loop calls, on the call in the loop where it is
+    reported (_report_loop)."""
+
+    def __init__(self, settings) -> None:
+        self.settings = settings
+        self.suppressions: dict[str, object] = {}
+
+    def __call__(self, finding: Finding, loop: Loop) -> bool:
+        if not self.settings.enabled(finding.rule, finding.module.path):
+            return False
+        if self._suppressed(finding.module, finding.rule.code, finding.node):
+            return False
+        at_call = _at_the_loops_call(loop, finding.node)
+        return at_call is None or not self._suppressed(loop.module, finding.rule.code, at_call[0])
+
+    def _suppressed(self, where: ModuleInfo, code: str, node: cst.CSTNode) -> bool:
+        from graphify.suppressions import parse_suppressions
+
+        sup = self.suppressions.get(where.path)
+        if sup is None:
+            sup = self.suppressions[where.path] = parse_suppressions(where.source)
+        return sup.suppressed(code, where.position(node).start.line)
 
 
 def _refusal_findings(analysis: LoopAnalysis, refusals: list[Refusal], blocked: bool) -> list[Finding]:
@@ -159,32 +175,26 @@ def _refusal_findings(analysis: LoopAnalysis, refusals: list[Refusal], blocked: 
         shown.insert(0, first)
     # where a breaker is reported already (the same statement, or a logging call around the node), the planner sees it again
     flagged = {id(n) for f in analysis.all_findings for n in (walk(f.node) if f.rule.category == "logging-io" else [f.node])}
-    told_at_calls: set[tuple[int, str]] = set()
     findings = []
     for refusal in shown:
         node = refusal.node or loop.node  # a reason about the loop as a whole: told at its header
         if refusal.node is not None and any(id(n) in flagged for n in _own_lines(node)):
             continue
         flagged.add(id(node))
-        node, message = _at_the_loops_call(loop, node, str(refusal))
-        if (id(node), refusal.rule.code) in told_at_calls:
-            continue  # one finding per call in the loop and code, however many lines of the helper it refuses
-        told_at_calls.add((id(node), refusal.rule.code))
         fix = FIXES.get(refusal.rule.code, "see `graphify rule " + refusal.rule.code + "`")
-        # what the planner refuses, the rewrite does not remove
-        findings.append(Finding(refusal.rule, node, _module_of(loop, node), message, fix, False))
+        # what the planner refuses, the rewrite does not remove; found inside a function the loop calls, it
+        # is reported at the call, once per call and code (_report_loop, _merge_duplicates)
+        findings.append(Finding(refusal.rule, node, _module_of(loop, node), str(refusal), fix, False))
     return findings
 
 
-def _at_the_loops_call(loop: Loop, node: cst.CSTNode, message: str) -> tuple[cst.CSTNode, str]:
-    """A reason found inside a function the loop calls is told at the call in the loop, where the user
-    acts on it (`top.update(...)`), naming the helper's line."""
+def _at_the_loops_call(loop: Loop, node: cst.CSTNode) -> tuple[cst.Call, Site] | None:
+    """For a node inside a function the loop calls: the call in the loop body that leads to it, where the
+    user acts on it (`top.update(...)`), and the node's own site; None for the loop's own code and for
+    code outside the loop (a DataLoader or an optimizer built before it)."""
     site = next((site for n, site in loop.region.nodes if n is node), None)
     call = loop.region.body_call_of(site) if site is not None and site.block is not loop.region.body_block else None
-    if call is None:
-        return node, message
-    helper = site.block.func.qualname or "a helper"
-    return call, f"{message} (in `{helper}`, {site.block.module.path}:{site.block.module.position(node).start.line})"
+    return (call, site) if call is not None else None
 
 
 def _own_lines(node: cst.CSTNode):
@@ -261,9 +271,25 @@ def _report_loop(analysis: LoopAnalysis, path: str, report: Report) -> None:
     pos = loop.module.position(loop.node)
     for f in analysis.findings:
         where = f.module.position(f.node)
+        related: tuple[Related, ...] = ()
+        at_call = _at_the_loops_call(loop, f.node)
+        if at_call is not None:  # the helper's line becomes related information
+            call, site = at_call
+            helper = site.block.func.qualname or "a helper"
+            related = (
+                Related(
+                    _path_of(f.module, loop, path),
+                    where.start.line,
+                    where.start.column + 1,
+                    where.end.line,
+                    where.end.column + 1,
+                    f"in helper `{helper}`",
+                ),
+            )
+            where = loop.module.position(call)
         report.diagnostics.append(
             Diagnostic(
-                path=path if f.module is loop.module else f.module.path,
+                path=path if at_call is not None else _path_of(f.module, loop, path),
                 line=where.start.line,
                 column=where.start.column + 1,
                 end_line=where.end.line,
@@ -274,6 +300,8 @@ def _report_loop(analysis: LoopAnalysis, path: str, report: Report) -> None:
                 loop_path=path,
                 loop_line=pos.start.line,
                 removable_by_rewrite=removable(f),
+                related=related,
+                loops=((path, pos.start.line),),
             )
         )
     report.loops.append(
@@ -326,5 +354,26 @@ def _trains(wrapped: cst.BaseExpression | None, steps: dict[str, cst.FunctionDef
 def analyze_source(source: str, path: str, settings) -> Report:
     """Analyse one file's text; never raises for bad input (syntax errors come back in `errors`)."""
     result = analyze_module(source, path, settings)
-    result.report.diagnostics.sort(key=Diagnostic.sort_key)
+    result.report.diagnostics = _merge_duplicates(result.report.diagnostics)
     return result.report
+
+
+def _path_of(module: ModuleInfo, loop: Loop, path: str) -> str:
+    return path if module is loop.module else module.path
+
+
+def _merge_duplicates(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
+    """One diagnostic per code and place, sorted: a breaker outside the loops that several loops share (the
+    DataLoader, a DDP model) lists every loop; a call in the loop that reaches several flagged lines of a
+    helper with the same code lists every line as related information."""
+    merged: dict[tuple, Diagnostic] = {}
+    for d in sorted(diagnostics, key=Diagnostic.sort_key):
+        key = (d.path, d.line, d.column, d.end_line, d.end_column, d.code)
+        first = merged.get(key)
+        if first is None:
+            merged[key] = d
+            continue
+        first.loops = first.loops + tuple(lp for lp in d.loops if lp not in first.loops)
+        first.related = first.related + tuple(r for r in d.related if r not in first.related)
+        first.removable_by_rewrite = first.removable_by_rewrite and d.removable_by_rewrite
+    return list(merged.values())

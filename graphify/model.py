@@ -34,6 +34,19 @@ class Rule:
     rewritable: bool
 
 
+@dataclass(frozen=True)
+class Related:
+    """Another place a diagnostic concerns: for a breaker inside a function the loop calls, the flagged
+    code itself, while the diagnostic stands at the call in the loop."""
+
+    path: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    message: str  # "in `get_batch`": what the place is
+
+
 @dataclass
 class Diagnostic:
     path: str
@@ -47,10 +60,24 @@ class Diagnostic:
     loop_path: str
     loop_line: int
     removable_by_rewrite: bool
+    # the flagged code when it stands in a function the loop calls (the diagnostic is at that call)
+    related: tuple[Related, ...] = ()
+    # every loop it concerns, as (path, line), the first being loop_path/loop_line: a breaker shared by
+    # loops (a DataLoader or DDP model built once, a helper's line) is reported once
+    loops: tuple[tuple[str, int], ...] = ()
 
     @property
     def code(self) -> str:
         return self.rule.code
+
+    @property
+    def affected_loops(self) -> tuple[tuple[str, int], ...]:
+        return self.loops or ((self.loop_path, self.loop_line),)
+
+    def flagged(self) -> list[tuple[str, int]]:
+        """Where the flagged code stands, as (path, line): the helper's lines for a diagnostic told at a
+        call in the loop, else its own."""
+        return [(r.path, r.line) for r in self.related] or [(self.path, self.line)]
 
     def sort_key(self) -> tuple:
         return (self.path, self.line, self.column, self.rule.code)

@@ -68,6 +68,16 @@ def test_findings_exit_1_and_text_output(project):
     assert result.stdout == (
         "bad.py:3: train loop in main(): capturable-after-rewrite\n"
         "bad.py:6:14: GFY001 loss.item() breaks capture\n"
+        "\n"
+        "1 loop, 0 capturable, 1 capturable after rewrite, 0 not capturable, 1 breaker\n"
+    )
+    for fmt in ("concise", "text"):
+        assert run("check", "--output-format", fmt, "bad.py").stdout == result.stdout
+    full = run("check", "--output-format", "full", "bad.py")
+    assert full.exit_code == 1
+    assert full.stdout == (
+        "bad.py:3: train loop in main(): capturable-after-rewrite\n"
+        "bad.py:6:14: GFY001 loss.item() breaks capture\n"
         "    6 |     total += loss.item()\n"
         "      |              ^^^^^^^^^^^\n"
         "  fix: do something else\n"
@@ -98,7 +108,7 @@ def test_formats(project, fmt):
 
 def test_output_format_alias(project):
     write(project / "bad.py", BAD_SCRIPT)
-    assert json.loads(run("check", "--output-format", "json", "bad.py").stdout)["version"] == 2
+    assert json.loads(run("check", "--output-format", "json", "bad.py").stdout)["version"] == 3
 
 
 def test_statistics(project):
@@ -160,7 +170,7 @@ def test_config_errors_exit_2(project, args, config, message):
 def test_usage_error_exit_2(project):
     result = run("check", "--format", "xml", ".")
     assert result.exit_code == 2
-    assert "Invalid value for '--format'" in result.stderr
+    assert "Invalid value for '--output-format'" in result.stderr
 
 
 def test_default_path_is_current_folder(project):

@@ -16,7 +16,7 @@ def _check(case: Path, settings):
     for path in files:
         report = analyze_source(read_source(path), path, settings)
         assert not report.errors, report.errors
-        found_diags |= {(Path(d.path).name, d.line, d.code) for d in report.diagnostics}
+        found_diags |= {(Path(p).name, line, d.code) for d in report.diagnostics for p, line in d.flagged()}
         found_loops |= {(Path(lp.path).name, lp.line, lp.kind, lp.verdict.value) for lp in report.loops}
     return found_diags, found_loops
 

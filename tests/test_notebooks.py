@@ -64,10 +64,12 @@ def test_check_locates_diagnostics_and_loops_by_cell():
 
 
 def test_text_sarif_and_github_name_the_cell():
-    text = run("check", str(NOTEBOOK)).stdout
+    text = run("check", "--output-format", "full", str(NOTEBOOK)).stdout
     assert f"{NOTEBOOK}:cell 5:3: train loop in train_one_epoch(): capturable-after-rewrite" in text
     assert f"{NOTEBOOK}:cell 5:4:16: GFY301" in text
     assert "    4 |         x, y = x.to(device), y.to(device)" in text  # the snippet's gutter counts within the cell
+    concise = run("check", str(NOTEBOOK)).stdout
+    assert f"{NOTEBOOK}:cell 5:4:16: GFY301" in concise and " | " not in concise
 
 
 def test_sarif_and_github_point_at_the_notebook_files_own_line():

@@ -17,6 +17,7 @@ from graphify.model import (
     Diagnostic,
     FileError,
     LoopReport,
+    Related,
     Report,
     Rule,
     Severity,
@@ -29,7 +30,8 @@ GOLDEN = Path(__file__).parent / "golden"
 ITEM = Rule("GFY001", "tensor-item", "host-sync", Severity.ERROR, "`.item()` waits for the GPU", True)
 NONZERO = Rule("GFY008", "data-dependent-output-size", "host-sync", Severity.ERROR, "`nonzero` sizes its output from data", False)
 SCHED = Rule("GFY402", "scheduler-step-per-iteration", "lr-scheduler", Severity.WARNING, "a scheduler step with a Python LR", True)
-RULES = [ITEM, NONZERO, SCHED]
+LOADER = Rule("GFY251", "loader-without-drop-last", "dynamic-shape", Severity.WARNING, "the last batch can be smaller", True)
+RULES = [ITEM, NONZERO, LOADER, SCHED]
 
 SOURCES = {
     "train.py": [
@@ -53,8 +55,8 @@ SOURCES = {
 TAB_COL = SOURCES["train.py"][7].index("loss.item()") + 1  # 1-based; the tab counts as one column
 
 
-def diag(path, line, col, end_line, end_col, rule, message, fix, loop_path="train.py", loop_line=3):
-    return Diagnostic(path, line, col, end_line, end_col, rule, message, fix, loop_path, loop_line, rule.rewritable)
+def diag(path, line, col, end_line, end_col, rule, message, fix, loop_path="train.py", loop_line=3, related=(), loops=()):
+    return Diagnostic(path, line, col, end_line, end_col, rule, message, fix, loop_path, loop_line, rule.rewritable, related, loops)
 
 
 def sample_report() -> Report:
@@ -66,6 +68,31 @@ def sample_report() -> Report:
             diag("train.py", 8, TAB_COL, 8, TAB_COL + 11, ITEM, "`loss.item()` in a 100% string, with: commas", "log after the step"),
             diag("steps.py", 2, 12, 2, 22, ITEM, "`out.item()` waits for the GPU", "return the tensor"),
             diag("my dir/eval.py", 5, 5, 5, 17, SCHED, "scheduler step every iteration", "use a tensor LR", "my dir/eval.py", 4),
+            # in a function the loop calls: told at the call in the loop, the helper's line related
+            diag(
+                "train.py",
+                11,
+                5,
+                11,
+                17,
+                ITEM,
+                "`out.item()` waits for the GPU",
+                "return the tensor",
+                loop_line=10,
+                related=(Related("steps.py", 2, 12, 2, 22, "in helper `helper`"),),
+            ),
+            # built once, used by two loops: one diagnostic naming both
+            diag(
+                "train.py",
+                2,
+                25,
+                2,
+                31,
+                LOADER,
+                "`loader` has no `drop_last=True`",
+                "pass `drop_last=True`",
+                loops=(("train.py", 3), ("train.py", 10)),
+            ),
         ],
         loops=[
             LoopReport("train.py", 10, 11, "inference", None, Verdict.CAPTURABLE, []),
@@ -89,7 +116,9 @@ def outputs() -> dict[str, str]:
     report = sample_report()
     return {
         "report.txt": text.render(report, source_lines=lambda p: SOURCES.get(p)),
+        "report.full.txt": text.render(report, full=True, source_lines=lambda p: SOURCES.get(p)),
         "report.color.txt": text.render(report, color=True, source_lines=lambda p: SOURCES.get(p)),
+        "report.full.color.txt": text.render(report, full=True, color=True, source_lines=lambda p: SOURCES.get(p)),
         "report.json": render(report, "json"),
         "report.sarif": sarif.render(report, rules=RULES),
         "report.github": github.render(report),
@@ -108,7 +137,7 @@ def test_golden(name):
 
 
 def test_text_without_sources_and_empty_report():
-    out = text.render(sample_report(), source_lines=lambda p: None)
+    out = text.render(sample_report(), full=True, source_lines=lambda p: None)
     assert "   5 |" not in out and "train.py:5:18: GFY001 `loss.item()` waits for the GPU\n  fix: read it after the step" in out
     assert text.render(Report()) == "0 loops, 0 capturable, 0 capturable after rewrite, 0 not capturable, 0 breakers\n"
 
@@ -128,7 +157,7 @@ def test_same_position_in_every_format():
     assert (j["line"], j["column"], j["end_line"], j["end_column"]) == (5, 18, 5, 29)
     results = json.loads(sarif.render(report, rules=RULES))["runs"][0]["results"]
     locations = [r["locations"][0]["physicalLocation"] for r in results]
-    region = next(loc["region"] for loc in locations if loc["artifactLocation"]["uri"] == "train.py")
+    region = next(loc["region"] for loc in locations if loc["artifactLocation"]["uri"] == "train.py" and loc["region"]["startLine"] == 5)
     assert region == {"startLine": 5, "startColumn": 18, "endLine": 5, "endColumn": 29}
     assert "file=train.py,line=5,col=18,endLine=5,endColumn=29::" in github.render(report)
     assert "train.py:5:18: GFY001" in text.render(report)
@@ -137,7 +166,7 @@ def test_same_position_in_every_format():
 def test_json_schema_exact_keys():
     doc = json.loads(render(sample_report(), "json"))
     assert list(doc) == ["version", "diagnostics", "loops", "errors"]
-    assert doc["version"] == 2
+    assert doc["version"] == 3
     assert list(doc["diagnostics"][0]) == [
         "path",
         "cell",
@@ -152,6 +181,8 @@ def test_json_schema_exact_keys():
         "message",
         "fix",
         "loop_line",
+        "related",
+        "loops",
     ]
     assert list(doc["loops"][0]) == ["path", "cell", "line", "end_line", "kind", "function", "verdict", "reasons"]
     assert list(doc["errors"][0]) == ["path", "message"]
@@ -162,10 +193,10 @@ def test_sarif_structure():
     assert doc["version"] == "2.1.0"
     run = doc["runs"][0]
     rules = run["tool"]["driver"]["rules"]
-    assert [r["id"] for r in rules] == ["GFY001", "GFY008", "GFY402"]
+    assert [r["id"] for r in rules] == ["GFY001", "GFY008", "GFY251", "GFY402"]
     assert rules[0]["fullDescription"]["text"].startswith("# GFY001")
     assert rules[0]["helpUri"] == rule_url("GFY001") and rules[0]["helpUri"].endswith("/graphify/rules/docs/GFY001.md")
-    assert rules[2]["defaultConfiguration"] == {"level": "warning"}
+    assert rules[3]["defaultConfiguration"] == {"level": "warning"}
     for result in run["results"]:
         assert rules[result["ruleIndex"]]["id"] == result["ruleId"]
     uris = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in run["results"]}

@@ -1,5 +1,8 @@
 """Output formats for `graphify check`: one module each (text, json, sarif, github, statistics).
 
+`concise` (the default; `text` is its other name) and `full` are the text module's two layouts: one line
+per breaker, or each with its code frame and fix hint.
+
 Every reporter takes a Report and returns the whole output as a string. Lines and columns are
 1-based in every format; `end_column` is exclusive (the column after the last character), as in
 SARIF regions.
@@ -12,7 +15,8 @@ import importlib
 from graphify.model import Report
 from graphify.reporters.common import REPOSITORY_URL, rule_url  # noqa: F401  (re-exported)
 
-FORMATS = ("text", "json", "sarif", "github")
+FORMATS = ("concise", "full", "text", "json", "sarif", "github")
+TEXT_FORMATS = ("concise", "full", "text")
 
 
 def render(report: Report, fmt: str, *, color: bool = False, statistics: bool = False) -> str:
@@ -23,9 +27,9 @@ def render(report: Report, fmt: str, *, color: bool = False, statistics: bool = 
         return render_statistics(report, as_json=fmt == "json")
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}")
-    if fmt == "text":
+    if fmt in TEXT_FORMATS:
         from graphify.reporters.text import render as render_text
 
-        return render_text(report, color=color)
+        return render_text(report, color=color, full=fmt == "full")
     module = importlib.import_module(f"graphify.reporters.{fmt}")
     return module.render(report)

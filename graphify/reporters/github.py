@@ -6,13 +6,15 @@ Error-severity rules give `::error`, warnings `::warning`, info `::notice`; file
 analysed give `::error file=...,title=graphify::message`. In a notebook the annotation sits on the line
 of the .ipynb file (JSON) that holds the code, where GitHub shows the file's lines, without columns; the
 title names the cell (`graphify (GFY001) cell 3`) and the message starts with `cell 3:LINE:COL: `, as
-Jupyter counts lines.
+Jupyter counts lines. A breaker inside a function the loop calls sits on the call in the loop, and the
+message names the helper's line ("in helper `get_batch` at train.py:61"), as the concise text does.
 """
 
 from __future__ import annotations
 
 from graphify.model import Diagnostic, Report, Severity
 from graphify.reporters.common import FileLines, sorted_diagnostics
+from graphify.reporters.text import notes
 
 _COMMAND = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 
@@ -36,7 +38,7 @@ def render(report: Report) -> str:
 def _annotation(d: Diagnostic, report: Report, file_lines: FileLines) -> str:
     cell, line = report.locate(d.path, d.line)
     where = {"line": line, "col": d.column, "endLine": report.locate(d.path, d.end_line)[1], "endColumn": d.end_column}
-    message = d.message
+    message = d.message + "".join(f" ({note})" for note in notes(d, report))
     if cell:  # the annotation sits on the .ipynb file's line holding the code; the cell's position leads the message
         start, end = file_lines(d.path, d.line), file_lines(d.path, d.end_line)
         where = {"line": start, "endLine": end} if start and end else {}

@@ -4,7 +4,10 @@
 level). Each result carries ruleId, ruleIndex, level, message and one location whose region has
 1-based startLine/startColumn/endLine/endColumn (endColumn exclusive, as SARIF defines it; columns
 count Unicode code points, as the run's `columnKind` says); the fix hint and the loop line go into
-the result's properties. Files that could not be analysed are tool execution notifications, and make
+the result's properties. A breaker inside a function the loop calls is located at the call in the
+loop, with the flagged code in the helper as the result's `relatedLocations` (message: "in helper
+`get_batch`"); the lines of every loop a result concerns are the property `loopLines` (a breaker shared
+by loops is one result). Files that could not be analysed are tool execution notifications, and make
 `executionSuccessful` false.
 
 A notebook's finding is located in the .ipynb file as viewers show it: the region is the line of the
@@ -19,7 +22,7 @@ import os
 from urllib.parse import quote
 
 from graphify import __version__
-from graphify.model import Diagnostic, Report, Rule, Severity
+from graphify.model import Diagnostic, Related, Report, Rule, Severity
 from graphify.reporters.common import REPOSITORY_URL, FileLines, rule_url, sorted_diagnostics
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -56,7 +59,12 @@ def _rule_descriptor(rule: Rule) -> dict:
 def _result(d: Diagnostic, report: Report, rule_index: int, file_lines: FileLines) -> dict:
     cell, line = report.locate(d.path, d.line)
     region = {"startLine": line, "startColumn": d.column, "endLine": report.locate(d.path, d.end_line)[1], "endColumn": d.end_column}
-    properties = {"fix": d.fix, "loopLine": report.locate(d.loop_path, d.loop_line)[1], "removableByRewrite": d.removable_by_rewrite}
+    properties = {
+        "fix": d.fix,
+        "loopLine": report.locate(d.loop_path, d.loop_line)[1],
+        "loopLines": [report.locate(path, line)[1] for path, line in d.affected_loops],
+        "removableByRewrite": d.removable_by_rewrite,
+    }
     message = d.message
     if cell:
         # viewers show the .ipynb file: the region is the file's line holding the code (its columns are the
@@ -65,7 +73,7 @@ def _result(d: Diagnostic, report: Report, rule_index: int, file_lines: FileLine
         start, end = file_lines(d.path, d.line), file_lines(d.path, d.end_line)
         region = {"startLine": start, "endLine": end} if start and end else None
         message = f"cell {cell}:{line}:{d.column}: {message}"
-    return {
+    result = {
         "ruleId": d.code,
         "ruleIndex": rule_index,
         "level": _LEVEL[d.rule.severity],
@@ -73,6 +81,21 @@ def _result(d: Diagnostic, report: Report, rule_index: int, file_lines: FileLine
         "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(d.path)}, **({"region": region} if region else {})}}],
         "properties": properties,
     }
+    if d.related:
+        result["relatedLocations"] = [_related(i, r, report, file_lines) for i, r in enumerate(d.related)]
+    return result
+
+
+def _related(index: int, r: Related, report: Report, file_lines: FileLines) -> dict:
+    cell, line = report.locate(r.path, r.line)
+    region = {"startLine": line, "startColumn": r.column, "endLine": report.locate(r.path, r.end_line)[1], "endColumn": r.end_column}
+    message = r.message
+    if cell:  # as for the result: the .ipynb file's line, the cell's position in the message
+        start, end = file_lines(r.path, r.line), file_lines(r.path, r.end_line)
+        region = {"startLine": start, "endLine": end} if start and end else None
+        message = f"cell {cell}:{line}:{r.column}: {message}"
+    physical = {"artifactLocation": {"uri": _uri(r.path)}, **({"region": region} if region else {})}
+    return {"id": index, "physicalLocation": physical, "message": {"text": message}}
 
 
 def render(report: Report, rules: list[Rule] | None = None) -> str:

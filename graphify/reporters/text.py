@@ -1,14 +1,25 @@
-"""Default output: loops with their verdicts, each breaker with its source line and a fix hint.
+"""Text output: each loop with its verdict, each breaker on one line under the loop it concerns, and a summary.
+
+Concise (the default, `--output-format concise` or `text`), one line per breaker, as ruff prints:
 
     train.py:12: train loop in main(): not-capturable (GFY008)
+    train.py:15:17: GFY001 `.item()` on `loss` waits for the GPU every step
+    train.py:16:9: GFY201 `torch.tensor(...)` allocates every step (in helper `batch_of` at train.py:40)
+
+    2 loops, 1 capturable, 0 capturable after rewrite, 1 not capturable, 2 breakers
+
+Full (`--output-format full`): each breaker also with its source line, carets under the span, the helper's
+line it stands for, and a fix hint:
+
     train.py:15:17: GFY001 `.item()` on `loss` waits for the GPU every step
        15 |         total += loss.item()
           |                  ^^^^^^^^^^^
       fix: accumulate on the GPU: `total += loss.detach()`
 
-    2 loops, 1 capturable, 0 capturable after rewrite, 1 not capturable, 1 breaker
-
-File errors are not listed here (the CLI prints them to stderr); only counted in the summary.
+A breaker inside a function the loop calls stands at the call in the loop (where the user acts on it),
+naming the helper's line; one that several loops share (a DataLoader built once) is listed once, under
+the first, naming the others. File errors are not listed here (the CLI prints them to stderr); only
+counted in the summary.
 """
 
 from __future__ import annotations
@@ -39,8 +50,11 @@ _VERDICT_COLOR = {
 }
 
 
-def render(report: Report, *, color: bool = False, source_lines: Callable[[str], list[str] | None] | None = None) -> str:
-    """`source_lines(path)` gives a file's lines for the snippets (default: read it again)."""
+def render(
+    report: Report, *, color: bool = False, source_lines: Callable[[str], list[str] | None] | None = None, full: bool = False
+) -> str:
+    """`full`: with code frames and fix hints; `source_lines(path)` gives a file's lines for them (default:
+    read it again)."""
     paint = _painter(color)
     lines_of = source_lines or _SourceCache()
     out: list[str] = []
@@ -54,12 +68,12 @@ def render(report: Report, *, color: bool = False, source_lines: Callable[[str],
             out.append("")
         out.append(loop_line(loop, paint, report.where))
         for d in groups.pop((loop.path, loop.line), []):
-            out.extend(_diagnostic(d, lines_of, paint, report))
+            out.extend(_diagnostic(d, lines_of, paint, report, full))
     for diags in groups.values():  # diagnostics whose loop is not in the report
         if out:
             out.append("")
         for d in diags:
-            out.extend(_diagnostic(d, lines_of, paint, report))
+            out.extend(_diagnostic(d, lines_of, paint, report, full))
 
     if out:
         out.append("")
@@ -94,18 +108,51 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def _diagnostic(d: Diagnostic, lines_of, paint, report: Report) -> list[str]:
+def _diagnostic(d: Diagnostic, lines_of, paint, report: Report, full: bool) -> list[str]:
     head = f"{paint(f'{report.where(d.path, d.line)}:{d.column}:', BOLD)} {paint(d.code, _SEVERITY_COLOR.get(d.rule.severity, ''))} {d.message}"
+    if not full:
+        return [head + "".join(f" ({note})" for note in notes(d, report))]
     out = [head]
-    lines = lines_of(d.path)
-    if lines and 1 <= d.line <= len(lines):
-        out.extend(_snippet(lines[d.line - 1], d, paint, report.locate(d.path, d.line)[1]))
+    out.extend(_frame(lines_of, d.path, d, paint, report))
+    for r in d.related:
+        out.append(f"  {paint('note:', CYAN)} {r.message} at {report.where(r.path, r.line)}:{r.column}")
+        out.extend(_frame(lines_of, r.path, r, paint, report))
+    if len(d.affected_loops) > 1:
+        out.append(f"  {paint('note:', CYAN)} {_other_loops(d, report)}")
     if d.fix:
         out.append(f"  {paint('fix:', CYAN)} {d.fix}")
     return out
 
 
-def _snippet(source_line: str, d: Diagnostic, paint, shown_line: int) -> list[str]:
+def notes(d: Diagnostic, report: Report) -> list[str]:
+    """What a one-line diagnostic adds in parentheses: the helper's lines it stands for (in helper
+    `get_batch` at train.py:61), and the other loops it concerns."""
+    out = []
+    by_message: dict[str, list[str]] = {}
+    for r in d.related:
+        places = by_message.setdefault(r.message, [])
+        if report.where(r.path, r.line) not in places:
+            places.append(report.where(r.path, r.line))
+    out.extend(f"{message} at {', '.join(places)}" for message, places in by_message.items())
+    if len(d.affected_loops) > 1:
+        out.append(_other_loops(d, report))
+    return out
+
+
+def _other_loops(d: Diagnostic, report: Report) -> str:
+    others = [report.where(path, line) for path, line in d.affected_loops[1:]]
+    return f"also the loop{'s' if len(others) > 1 else ''} at {', '.join(others)}"
+
+
+def _frame(lines_of, path: str, span, paint, report: Report) -> list[str]:
+    lines = lines_of(path)
+    if lines and 1 <= span.line <= len(lines):
+        return _snippet(lines[span.line - 1], span, paint, report.locate(path, span.line)[1])
+    return []
+
+
+def _snippet(source_line: str, d, paint, shown_line: int) -> list[str]:
+    """`d`: a Diagnostic or a Related (line, column, end_line, end_column)."""
     line = source_line.rstrip()
     start = max(d.column - 1, 0)
     if d.end_line == d.line:

@@ -64,7 +64,7 @@ def decide(source: str, path: str) -> Decision:
     report = result.report
     loops = []
     for analysis, loop in sorted(zip(result.loops, report.loops), key=lambda pair: pair[1].line):
-        codes = frozenset(d.code for d in report.diagnostics if d.loop_line == loop.line)
+        codes = frozenset(d.code for d in report.diagnostics if (loop.path, loop.line) in d.affected_loops)
         refusals = frozenset(c for r in analysis.reasons for c in _REWRITE_CODE.findall(r))
         loops.append(LoopDecision(loop.kind, loop.verdict.value, codes, analysis.plan is not None, refusals))
     changed = any(lp.rewritten for lp in loops)
