@@ -224,6 +224,23 @@ def citation_graph(folder: Path, name: str = "cora", nodes: int = 2708, features
     _mark(folder)
 
 
+def tiktoken_cache(folder: Path, source: str = "") -> None:
+    """tiktoken's download cache for the "gpt2" encoding (TIKTOKEN_CACHE_DIR=folder), so that
+    get_encoding("gpt2") works offline: the two GPT-2 BPE files a script's own repository carries (a
+    run's `support`, under `source`, relative to folder's parent), each stored under the SHA-1 of its
+    download address, as tiktoken looks them up (it checks their SHA-256 on load)."""
+    import hashlib
+    import shutil
+
+    if _done(folder):
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    base = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
+    for name in ("vocab.bpe", "encoder.json"):
+        shutil.copyfile(folder.parent / source / name, folder / hashlib.sha1((base + name).encode()).hexdigest())
+    _mark(folder)
+
+
 GENERATORS = {
     "image_list": image_list,
     "empty_folder": empty_folder,
@@ -237,4 +254,5 @@ GENERATORS = {
     "hub_weights": hub_weights,
     "interaction_sequences": interaction_sequences,
     "citation_graph": citation_graph,
+    "tiktoken_cache": tiktoken_cache,
 }
