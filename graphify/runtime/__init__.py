@@ -16,6 +16,6 @@ from graphify.runtime.common import GraphifyFallbackWarning, copy_outputs
 from graphify.runtime.distributed import build_on_capture_stream
 from graphify.runtime.graphed_module import GraphedModule
 
-__version__ = "6"
+__version__ = "7"
 
 __all__ = ["CapturedStep", "GraphedModule", "GraphifyFallbackWarning", "build_on_capture_stream", "copy_outputs", "__version__"]

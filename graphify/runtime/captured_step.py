@@ -14,6 +14,7 @@ from graphify.runtime.common import (
     Fetched,
     GraphifyFallbackWarning,
     Identity,
+    LoopTrial,
     Timing,
     capture_forced,
     copy_outputs,
@@ -28,10 +29,11 @@ from graphify.runtime.common import (
     save_host_state,
     side_stream,
     split,
+    trial_event,
     tree_map,
     versions,
 )
-from graphify.runtime.distributed import DDP_WARMUP, all_ranks_agree, ddp_modules, free_before_teardown
+from graphify.runtime.distributed import DDP_WARMUP, all_ranks_agree, ddp_modules, free_before_teardown, holds_collectives
 from graphify.runtime.host_values import RECHECK_FROM, HostValues, compiled, drift_reason, first_difference, recording_allowed
 from graphify.runtime.optimizer_settings import give_back, make_capturable, moved_settings, use_tensor_lrs
 from graphify.runtime.reach import bindings, inner_optimizers, referenced, registrations, same, watch_registrations, why_not_capturable
@@ -74,6 +76,8 @@ class CapturedStep:
             del states[:-KEPT_PER_STEP]
         elif state.recorded:  # its loop entered again (the next epoch): each graph is checked at its next chance
             state.recheck = set(state.graphs)
+        if state.trial is not None:  # the time since its last call is not a call's
+            state.trial.restart()
         self.state = state
         if state.graphs and state.layout_moved() is not None:
             self._forget_graphs()  # e.g. the optimizer's state loaded from the best epoch's checkpoint
@@ -113,6 +117,8 @@ class CapturedStep:
                 self._forget_graphs(warm=moved == "lr" and not state.ddps)
                 return self.__call__(*inputs, key=key[0])
             if fits(static_tensors, tensors):
+                if self._trial_turn() == "eager":
+                    return self._eager(tensors, inputs)
                 if not grads.ready():  # a gradient present where the graph makes its own: capture adding to it
                     self._forget_graphs(warm=not state.ddps)
                     return self.__call__(*inputs, key=key[0])
@@ -156,6 +162,24 @@ class CapturedStep:
         for module, training in modes_set:  # `model.train()` in the step: replays set the flag, as eager would
             module.training = training
         return static_outputs
+
+    def _trial_turn(self) -> str:
+        """Whether this call, which could replay, replays or runs eagerly: eagerly in the eager turns of the
+        loop trial after the first capture (common.LoopTrial), and for good once the trial found replays
+        no faster than eager calls in this loop."""
+        state = self.state
+        trial = state.trial
+        if trial is None:
+            return "replay"
+        kind = trial.begin()
+        if kind is not None:
+            return kind
+        state.trial, state.trial_costs = None, trial.costs()
+        why = trial.verdict("a step")
+        if why is None:
+            return "replay"
+        self._give_up(why)
+        return "eager"
 
     def _fetch_ahead(self) -> bool:
         """Whether the micro-step batches of this call may be fetched before it: on CUDA, once `warmup`
@@ -323,8 +347,12 @@ class CapturedStep:
         state.record_layout()
         modes_set = modes_changed(state.submodules, key[3][0])  # by the step's own mode calls, which replays skip
         state.graphs[key] = CapturedGraph(graph, statics, static_outputs, watch.gradients(), changed, modes_set)
-        if state.ddps and len(state.graphs) == 1:
-            free_before_teardown(functools.partial(_drop_graphs, state, "its process group was destroyed"))
+        if state.ddps:
+            holds_collectives(graph)
+            if len(state.graphs) == 1:
+                free_before_teardown(functools.partial(_drop_graphs, state, "its process group was destroyed"))
+        elif not state.tried and not capture_forced():  # DDP ranks would have to agree on each turn: not tried
+            state.tried, state.trial = True, LoopTrial(event=trial_event(device))
         graph.replay()  # capture records the step without running it: this replay trains on the batch
         for i in changed:
             tensors[i].copy_(statics[i], non_blocking=True)
@@ -339,6 +367,8 @@ class CapturedStep:
         replayed = sum(state.replays.values())
         state.hasty_recaptures += replayed - state.replays_at_forget < FEW_REPLAYS
         state.graphs, state.pool = {}, None
+        if state.trial is not None:  # warmup and capture come before the next replayed call
+            state.trial.restart()
         state.lr_tensors, state.frozen, state.group_counts = [], [], []
         if not warm:
             self._survey()  # a module may have changed (pruning, a parametrization)

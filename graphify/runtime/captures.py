@@ -52,6 +52,9 @@ class StepCaptures:
         self.load: Timing | None = None  # of the last warmup step
         self.fetch_checks: int | None = None  # eager calls that fetched micro-step batches in order; -1 off CUDA
         self.measured: tuple | None = None  # (GPU ms, host ms) of that step, once the capture decision used it
+        self.tried = False  # whether replays were put on trial against eager calls in the loop (common.LoopTrial)
+        self.trial = None  # the LoopTrial under way, after the first capture
+        self.trial_costs: tuple | None = None  # (eager ms, replay ms) a call, as the trial measured them
         self.recorded = False  # whether warmup calls record the host values the step hands to the GPU
         self.host_values: dict = {}  # key -> the operators' arguments of its last recorded call
         self.recheck: set = set()  # keys checked again at their next check point: the loop was entered again

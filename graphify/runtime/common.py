@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import math
 import numbers
 import operator
 import os
 import random
+import statistics
 import time
 
 import torch
@@ -20,6 +22,14 @@ WARMUP = 3  # eager calls per graph before capture (3 as torch.cuda.make_graphed
 # captures it all the same). Launch-bound work measures about 1 (the GPU waits on each launch); H200:
 # a bf16 CNN at 37 ms a step measured 0.26, a small transformer 1.0.
 GPU_BOUND_SHARE = 0.5
+# After a capture, replayed and eager calls run in turns in the user's loop (LoopTrial): the graphs are kept
+# only when a replayed call of the loop is at least MIN_LOOP_GAIN times faster than an eager one. A model
+# graphed beside a NaN guard measured 0.75x and 0.91x of eager, an evaluation loop rewritten whole 0.92x, where
+# timings of the step alone (GPU_BOUND_SHARE, the model's side-by-side passes) had found a gain.
+MIN_LOOP_GAIN = 1.03
+TRIAL_BLOCK = 4  # calls per turn
+TRIAL_BLOCKS = 6  # turns: 3 replayed, 3 eager (9 counted periods of each kind)
+TRIAL_MIN_PERIODS = 3  # of each kind, for a verdict
 
 # which tensors require grad: part of a graph's key, as autograd records only their backward
 requires_grad = operator.attrgetter("requires_grad")
@@ -79,6 +89,98 @@ def gpu_bound(gpu_ms: float, host_ms: float, what: str) -> str | None:
         f"no gain expected: GPU-bound ({what} keeps the GPU busy {gpu_ms:.1f} ms for {host_ms:.1f} ms of host time; "
         "GRAPHIFY_CAPTURE=always captures it anyway)"
     )
+
+
+class LoopTrial:
+    """Whether replays pay in the loop that calls them, measured there: after a capture, calls that would
+    replay run in turns of TRIAL_BLOCK replayed and TRIAL_BLOCK eager calls (TRIAL_BLOCKS turns in all),
+    and each call's period (from its start to the next call's start, on the host's clock and on the GPU's
+    between two events on the stream) is kept. The period holds everything the loop does around the call
+    (the rest of the step, a NaN guard's host read, the data loader, a logging sync), the replay path's own
+    work (input copies, checks, output copies) and, on the GPU's clock, the kernels queued behind the host;
+    a call costs the longer of its median host and median GPU period. The first period of each turn (the
+    switch) and periods across a re-entry of the loop (`restart`) are not counted.
+    `begin()` at the start of each call that could replay; `verdict()` once it returns None."""
+
+    def __init__(self, clock=time.perf_counter, event=None):
+        self.clock = clock
+        self.event = event  # () -> a recorded GPU event with elapsed_time(); None: host clock only (CPU tests)
+        self.calls = 0  # trial calls marked so far
+        self.last = None  # (kind, host seconds, GPU event, counted) of the last marked call
+        self.periods: dict = {"replay": [], "eager": []}  # kind -> [(host ms, GPU event pair or GPU ms)]
+
+    def begin(self) -> str | None:
+        """A call starts: what it runs ("replay" or "eager": turns of each, replayed first), or None once
+        the trial is over (its last period closed by this call): then `verdict` decides."""
+        kind = None if self.calls == TRIAL_BLOCK * TRIAL_BLOCKS else ("eager" if (self.calls // TRIAL_BLOCK) % 2 else "replay")
+        self.mark(kind)
+        return kind
+
+    def mark(self, kind: str | None) -> None:
+        """A call of `kind` starts now (the call after the last turn only closes the last period)."""
+        now, event = self.clock(), self.event() if self.event is not None else None
+        if self.last is not None:
+            last_kind, started, started_event, counted = self.last
+            if counted:
+                self.periods[last_kind].append(((now - started) * 1e3, (started_event, event)))
+        counted = self.calls % TRIAL_BLOCK != 0  # the first call of a turn follows the switch
+        self.last = (kind, now, event, counted)
+        self.calls += 1
+
+    def restart(self) -> None:
+        """The loop was entered again: the next period does not reach back to the last call."""
+        self.last = None
+
+    def costs(self) -> tuple[float, float]:
+        """(eager ms, replay ms) per call: the longer of the median host and median GPU periods."""
+        return _cost(self.periods["eager"]), _cost(self.periods["replay"])
+
+    def verdict(self, what: str) -> str | None:
+        """Why `what` stays eager (its replays are not faster in the loop than eager calls), or None. A
+        loop entered again for every call or two (one full-batch step per epoch) leaves too few periods
+        to tell: its graphs are kept, as before the trial."""
+        if min(len(self.periods["replay"]), len(self.periods["eager"])) < TRIAL_MIN_PERIODS:
+            return None
+        return slower_in_loop(*self.costs(), what, len(self.periods["replay"]))
+
+
+def _cost(periods) -> float:
+    host = statistics.median(h for h, _ in periods) if periods else math.inf
+    gpu = [_gpu_ms(g) for _, g in periods]
+    gpu = [g for g in gpu if g is not None]
+    return max(host, statistics.median(gpu)) if gpu else host
+
+
+def _gpu_ms(g) -> float | None:
+    if isinstance(g, (int, float)):
+        return float(g)
+    start, end = g
+    if start is None or end is None:
+        return None
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def slower_in_loop(eager_ms: float, replay_ms: float, what: str, samples: int) -> str | None:
+    """Why replays that take `replay_ms` per call of the loop are given up for eager calls that take
+    `eager_ms`: None when they are at least MIN_LOOP_GAIN times faster."""
+    if eager_ms >= MIN_LOOP_GAIN * replay_ms:
+        return None
+    return (
+        f"no gain expected: measured in its loop, {what} took {replay_ms:.3f} ms a call replayed and {eager_ms:.3f} ms eager "
+        f"(medians of {samples} calls each, in turns; graphs are kept from {MIN_LOOP_GAIN:.2f}x faster; GRAPHIFY_CAPTURE=always keeps them)"
+    )
+
+
+def trial_event(device):
+    """A GPU event recorded now on `device`'s current stream, for a trial's GPU periods."""
+
+    def record():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(device))
+        return event
+
+    return record
 
 
 # ---- what a failed capture may have touched -----------------------------------------------------

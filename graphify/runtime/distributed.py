@@ -9,8 +9,10 @@ the ranks agree on each capture before the first replay, and all run eagerly if 
 That agreement cannot undo a capture that failed partway through its backward on one rank while the
 others recorded their all-reduces: DDP and NCCL may then be out of step, and a later collective can wait
 for ever. Such failures are prevented instead: DDP is built on the GPU of its model, not the current one.
-Last, a graph holding NCCL collectives keeps its communicator busy, so that destroying the process
-group would wait for ever (pytorch/pytorch#115388): the graphs are freed first.
+Last, NCCL's communicator, when destroyed, waits until every CUDA graph holding its collectives is
+destroyed (pytorch/pytorch#115388): a graph still alive when the process group is shut down hangs the rank
+for ever. So every such graph is reset before any process group is shut down or aborted, and at exit,
+however the script reaches `destroy_process_group` (see _install_teardown_hooks).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import atexit
 import functools
 import gc
 import sys
+import weakref
 
 import torch
 
@@ -87,29 +90,79 @@ def all_ranks_agree(ok: bool, ddps: list, device) -> bool:
     return bool(flag.item())
 
 
-_teardown_callbacks: list = []  # free the graphs of DDP steps
+_teardown_callbacks: list = []  # drop the graphs of DDP steps; the steps run eagerly after
+_collective_graphs: weakref.WeakSet = weakref.WeakSet()  # captured graphs holding collectives, while alive
 
 
 def free_before_teardown(callback) -> None:
-    """Have `callback()` (which drops graphs holding collectives) run before any process group is
-    destroyed, and at exit for a script that never destroys it."""
+    """Have `callback()` (which drops graphs holding collectives) run before any process group is shut
+    down, and at exit for a script that never destroys it."""
     _install_teardown_hooks()
     _teardown_callbacks.append(callback)
 
 
+def holds_collectives(graph) -> None:
+    """`graph` recorded collectives: it is reset before any process group is shut down, whoever still
+    holds the object. NCCL's communicator waits, when destroyed, until every CUDA graph that captured
+    its kernels is destroyed (the graphs keep a reference to it): one graph alive hangs the rank."""
+    _install_teardown_hooks()
+    _collective_graphs.add(graph)
+
+
 @functools.cache
 def _install_teardown_hooks() -> None:
+    """Three ways in, so that none depends on how the script imported anything: the process group's own
+    `shutdown` and `abort` (methods of its class, which `destroy_process_group` calls on each group
+    however the script reached it), `destroy_process_group` itself (rebound where it was imported by
+    name, for versions of torch whose destroy does not call `shutdown`), and an exit hook for a script
+    that never destroys its group (registered after torch's own, so it runs before them)."""
+    _wrap_process_group_methods()
     _wrap_destroy_process_group()
-    atexit.register(_free_graphs)
+    atexit.register(free_graphs)
 
 
-def _free_graphs() -> None:
-    for callback in _teardown_callbacks:
-        callback()
+def free_graphs() -> None:
+    """Steps holding collectives run eagerly from now on; their graphs are reset once the GPU has run
+    every replay queued."""
+    callbacks = list(_teardown_callbacks)
     _teardown_callbacks.clear()
-    gc.collect()
+    for callback in callbacks:
+        callback()
+    graphs = list(_collective_graphs)
+    if not graphs:
+        return
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
+    for graph in graphs:
+        graph.reset()
+    _collective_graphs.clear()
+    gc.collect()
+
+
+def _wrap_process_group_methods() -> None:
+    try:
+        from torch.distributed import distributed_c10d
+    except ImportError:  # torch built without distributed support
+        return
+    group_class = distributed_c10d.ProcessGroup
+    for name in ("shutdown", "abort"):
+        original = getattr(group_class, name, None)
+        if original is None or getattr(original, "_frees_graphs", False):
+            continue
+        try:
+            setattr(group_class, name, _freeing_first(original))
+        except (AttributeError, TypeError):  # a class that takes no new attributes: destroy_process_group's wrapper remains
+            continue
+
+
+def _freeing_first(original):
+    @functools.wraps(original)
+    def method(*args, **kwargs):
+        free_graphs()
+        return original(*args, **kwargs)
+
+    method._frees_graphs = True
+    return method
 
 
 def _wrap_destroy_process_group() -> None:
@@ -120,13 +173,7 @@ def _wrap_destroy_process_group() -> None:
     original = distributed_c10d.destroy_process_group
     if getattr(original, "_frees_graphs", False):
         return
-
-    @functools.wraps(original)
-    def destroy_process_group(*args, **kwargs):
-        _free_graphs()
-        return original(*args, **kwargs)
-
-    destroy_process_group._frees_graphs = True
+    destroy_process_group = _freeing_first(original)
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
         if isinstance(namespace, dict):

@@ -13,6 +13,7 @@ import torch
 from graphify.runtime.common import (
     WARMUP,
     GraphifyFallbackWarning,
+    LoopTrial,
     Timing,
     capture_forced,
     capture_failure,
@@ -22,6 +23,7 @@ from graphify.runtime.common import (
     leaves,
     requires_grad,
     side_stream,
+    trial_event,
     tree_map,
     versions,
 )
@@ -89,10 +91,14 @@ class GraphedModule:
                 "recheck": False,  # checked at its next chance: the model was wrapped again (its loop entered again)
                 "layout": (),  # of its tensors and submodules at capture (reach.layout)
                 "registrations": (),  # reach.registrations() when the layout was last found the same
+                "trial": None,  # after the capture: replayed and eager calls in turns in the loop (common.LoopTrial)
+                "trial_costs": None,  # (eager ms, replay ms) a call, as the trial measured them
             }
         elif _graphed[module]["recorded"]:
             _graphed[module]["recheck"] = True
         self.state = state = _graphed[module]
+        if state["trial"] is not None:  # wrapped again: its loop was entered again, the time since is no call's
+            state["trial"].restart()
         watch_registrations()
         if state["graphed"] is not None and state["disabled"] is None and (moved := self._layout_moved()) is not None:
             state["disabled"] = moved
@@ -141,6 +147,8 @@ class GraphedModule:
             state["signature"] = signature
         if signature != state["signature"] or state["awaiting_backward"]:
             return self.module(*inputs, **constants)
+        if state["trial"] is not None and self._trial_turn() == "eager":
+            return self.module(*inputs, **constants)
         n = state["replays"] = state["replays"] + 1
         entered = state["recheck"] and n - state["entry_checked"] >= RECHECK_FROM
         state["recheck"] = False  # only the first replay since the model was wrapped again
@@ -151,6 +159,26 @@ class GraphedModule:
         self._await_backward(outputs, "awaiting_backward")
         state["registrations"] = registrations()  # its own hook on the outputs changes no forward
         return outputs
+
+    def _trial_turn(self) -> str:
+        """Whether this call, which could replay, replays or runs eagerly: eagerly in the trial's eager
+        turns, and for good (the graphs dropped, one warning) once replays were found no faster than eager
+        calls in this loop: a replay saves the forward's and backward's launches but adds its own work
+        (input and output copies, gradient copies, autograd's hooks), which beside eager code that waits
+        on the GPU (a NaN guard's read) can cost more than it saves."""
+        state = self.state
+        trial = state["trial"]
+        kind = trial.begin()
+        if kind is not None:
+            return kind
+        state["trial"], state["trial_costs"] = None, trial.costs()
+        why = trial.verdict("its forward and backward")
+        if why is None:
+            return "replay"
+        state["disabled"], state["graphed"], state["trained"] = why, None, []
+        gc.collect()  # the graphs sit in reference cycles: freed here, not in a DataLoader worker forked later
+        warnings.warn(f"graphify: the model runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=3)
+        return "eager"
 
     def _compared(self, signature, inputs, constants, first: bool):
         """A warmup forward that records the host values it hands to the GPU and compares them with the
@@ -299,6 +327,8 @@ class GraphedModule:
         if why is None:
             self.state["graphed"], self.state["trained"] = graphed, trained
             self.state["layout"], self.state["registrations"] = layout([self.module], []), registrations()
+            if not capture_forced():
+                self.state["trial"] = LoopTrial(event=trial_event(inputs[0].device))
         else:
             # graphs (or a failed capture's remains) hold static CUDA tensors in reference cycles: collected
             # later, they could be freed in a DataLoader worker forked before, which cannot touch CUDA and aborts
