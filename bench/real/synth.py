@@ -171,6 +171,24 @@ def image_list(path: Path, count: int = 64, size: int = 128) -> None:
     path.write_text(json.dumps(names))
 
 
+def paired_images(folder: Path, splits: tuple[str, ...] = ("train", "test"), count: int = 16, size: int = 286) -> None:
+    """Aligned image pairs in pix2pix's folder layout: folder/<split>/a/<name>.jpg and folder/<split>/b/<name>.jpg,
+    the same names on both sides."""
+    from PIL import Image
+
+    if _done(folder):
+        return
+    rng = np.random.default_rng(0)
+    for split in splits:
+        for side in ("a", "b"):
+            (folder / split / side).mkdir(parents=True, exist_ok=True)
+        for index in range(count):
+            for side in ("a", "b"):
+                pixels = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / split / side / f"{index:05d}.jpg", quality=90)
+    _mark(folder)
+
+
 def empty_folder(folder: Path) -> None:
     """A folder that a script writes into but does not create itself (Cutout's logs/ and checkpoints/)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -244,6 +262,7 @@ def tiktoken_cache(folder: Path, source: str = "") -> None:
 GENERATORS = {
     "image_list": image_list,
     "empty_folder": empty_folder,
+    "paired_images": paired_images,
     "byte_archive": byte_archive,
     "timm_checkpoint": timm_checkpoint,
     "mnist": mnist,
