@@ -52,7 +52,7 @@ def _max_rel(a, b):
 
 
 @pytest.mark.parametrize("name", SMALL_WORKLOADS)
-def test_rewrite_matches_hand_capture_and_eager(name, tmp_path):
+def test_rewrite_matches_hand_capture_and_eager(name, tmp_path, always_capture):  # every step after warmup replays: no trial turns
     module = load_workload(name)
     eager = _train(module)
     eager_again = _train(module)

@@ -1,0 +1,51 @@
+"""Small MLP classifier trained with a NaN guard that reads the loss on the host every step: the whole step is
+refused, and only the model's forward and backward are graphed (GraphedModule) beside eager code."""
+
+import argparse
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=400)
+parser.add_argument("--width", type=int, default=128)
+args = parser.parse_args()
+
+torch.manual_seed(0)
+device = torch.device("cuda")
+features = torch.randn(4096, 32)
+labels = (features[:, :4].sum(1) > 0).long()
+loader = DataLoader(TensorDataset(features, labels), batch_size=64, shuffle=True, drop_last=True)
+model = nn.Sequential(nn.Linear(32, args.width), nn.ReLU(), nn.Linear(args.width, 2)).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+marks = []
+done = 0
+skipped = 0
+torch.cuda.synchronize()
+started = time.perf_counter()
+while done < args.steps:
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        if torch.isnan(loss):
+            skipped += 1
+            optimizer.zero_grad()
+            continue
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        done += 1
+        if done == args.steps // 2:
+            torch.cuda.synchronize()
+            marks.append(time.perf_counter())
+        if done == args.steps:
+            break
+torch.cuda.synchronize()
+ended = time.perf_counter()
+print(f"loss {loss.item():.6f} skipped {skipped}")
+print(f"loop s {ended - started:.4f} steady ms/step {(ended - marks[0]) * 1e3 / (args.steps - args.steps // 2):.4f}")
