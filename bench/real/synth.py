@@ -259,6 +259,52 @@ def tiktoken_cache(folder: Path, source: str = "") -> None:
     _mark(folder)
 
 
+def text_csv(folder: Path, splits: tuple[str, ...] = ("train", "validation", "test"), rows: int = 400, classes: int = 2) -> None:
+    """Labelled texts as CSV files with `text` and `label` columns, one per split (folder/<split>.csv),
+    the layout of the prepared IMDb splits; every split but the first has a fifth of its rows."""
+    import csv
+
+    if _done(folder):
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for index, split in enumerate(splits):
+        with (folder / f"{split}.csv").open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["text", "label"])
+            for _ in range(rows if index == 0 else rows // 5):
+                words = rng.integers(0, 1000, size=rng.integers(20, 300))
+                writer.writerow([" ".join(f"w{w}" for w in words), int(rng.integers(0, classes))])
+    _mark(folder)
+
+
+def hub_text_model(folder: Path, repo: str = "distilbert-base-uncased", model_type: str = "distilbert") -> None:
+    """A randomly initialised Hugging Face text encoder and a WordPiece tokenizer (vocabulary: the
+    special tokens and w0..w999, the words of word_corpus/text_csv) where `from_pretrained(repo)` finds
+    them offline: the hub cache layout (HF_HUB_CACHE=folder, HF_HUB_OFFLINE=1). Built by the
+    transformers the run imports."""
+    import subprocess
+    import sys
+
+    if _done(folder):
+        return
+    files = folder / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
+    files.mkdir(parents=True, exist_ok=True)
+    (files.parent.parent / "refs").mkdir(exist_ok=True)
+    (files.parent.parent / "refs" / "main").write_text("0" * 40)
+    vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(1000)]
+    (files / "vocab.txt").write_text("\n".join(vocabulary) + "\n")
+    (files / "tokenizer_config.json").write_text('{"do_lower_case": true, "model_max_length": 512}')
+    code = """
+import sys, torch, transformers
+torch.manual_seed(0)
+config = transformers.AutoConfig.for_model(sys.argv[1], vocab_size=int(sys.argv[2]))
+transformers.AutoModel.from_config(config).save_pretrained(sys.argv[3])
+"""
+    subprocess.run([sys.executable, "-c", code, model_type, str(len(vocabulary)), str(files)], check=True)
+    _mark(folder)
+
+
 GENERATORS = {
     "image_list": image_list,
     "empty_folder": empty_folder,
@@ -274,4 +320,6 @@ GENERATORS = {
     "interaction_sequences": interaction_sequences,
     "citation_graph": citation_graph,
     "tiktoken_cache": tiktoken_cache,
+    "text_csv": text_csv,
+    "hub_text_model": hub_text_model,
 }
