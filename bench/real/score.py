@@ -99,7 +99,8 @@ def check_file(path: Path) -> tuple[list[tuple[int, str, str]], list[tuple[int, 
 
     source, _ = load_module(str(path))  # a notebook: its code cells joined, the lines labels count
     report = analyze_source(source, str(path), Settings())
-    diagnostics = [(d.line, d.rule.category, d.rule.code) for d in report.diagnostics]
+    # labels mark the flagged code itself: for a breaker of a called function, the helper's lines (check reports it at the call)
+    diagnostics = [(line, d.rule.category, d.rule.code) for d in report.diagnostics for _, line in d.flagged()]
     loops = [(lp.line, lp.kind, lp.verdict.value) for lp in report.loops]
     return diagnostics, loops
 
