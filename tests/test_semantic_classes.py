@@ -590,3 +590,94 @@ def test_a_loss_returned_by_a_method_of_the_same_class_is_a_tensor():
                 self.history.append(float(loss))
     """
     assert "GFY005" in _codes(source)
+
+
+# ---- 6. model calls through helpers -------------------------------------------------------------
+
+_HELPER_CALL = """
+def forward_(module, *args, **kwargs):
+    return module(*args, **kwargs)
+
+
+def call_model(module, inputs):
+    {helper_body}
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 1)
+
+    def forward(self, x):
+        {forward_body}
+        return self.fc(x)
+
+
+def main(loader):
+    device = torch.device("cuda")
+    net_ = Net().to(device)
+    opt = torch.optim.SGD(net_.parameters(), lr=0.1)
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = F.mse_loss({call}, y)
+        if loss.item() > 100:
+            continue
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+_CALLS = ["net_(x)", "forward_(net_, x)", "call_model(net_, x)", "call_model(inputs=x, module=net_)"]
+
+
+@pytest.mark.parametrize("call", _CALLS)
+def test_a_model_called_through_a_helper_has_its_forward_checked(call):
+    """Arguments forwarded by `*args`/`**kwargs` or by keyword reach the model's forward as what the loop
+    passed: a branch on a tensor value there is found, however the model is called."""
+    source = _HELPER_CALL.format(call=call, helper_body="return module(inputs)", forward_body="x = x * 2 if x.sum() > 0 else x")
+    assert "GFY101" in {
+        d.code for d in analyze_source(_HEADER + textwrap.dedent(source), "train.py", Settings()).diagnostics if d.line > 30
+    }
+
+
+@pytest.mark.parametrize("call", _CALLS)
+def test_a_model_called_through_a_helper_is_graphed_alone(call):
+    source = _HELPER_CALL.format(call=call, helper_body="return module(inputs)", forward_body="x = x * 2")
+    result = _outcomes(source)
+    (loop,) = _train_loops(result)
+    assert loop.rewritten and loop.model_only, loop.partial_refusal
+    assert call.replace("net_", "graphed_net_") in result.code
+
+
+def test_a_helper_that_does_more_with_the_model_than_call_it_keeps_it_eager():
+    source = _HELPER_CALL.format(
+        call="call_model(net_, x)", helper_body="module.train()\n    return module(inputs)", forward_body="x = x * 2"
+    )
+    (loop,) = _train_loops(_outcomes(source))
+    assert not loop.rewritten
+    assert "`module` only called in `call_model`" in loop.partial_refusal
+
+
+def test_host_data_built_in_a_helper_after_its_model_call_is_no_step_input():
+    """Called functions run inside the step from where they are called: a tensor built from numpy after the
+    model call of the same helper is frozen by capture (GFY201 blocking), not an input prepared before it."""
+    source = """
+    def train_step(model, opt, xb, yb):
+        logits = model(xb)
+        noise = torch.from_numpy(np.random.randn(*logits.shape)).float().cuda()
+        loss = F.cross_entropy(logits + noise, yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+    def main(loader):
+        model = nn.Linear(2, 5).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for xb, yb in loader:
+            train_step(model, opt, xb.cuda(), yb.cuda())
+    """
+    report = analyze_source(_HEADER + textwrap.dedent(source), "train.py", Settings())
+    (loop,) = report.loops
+    assert loop.verdict.value == "not-capturable"
+    assert {"GFY201", "GFY702"} <= set(loop.reasons)

@@ -208,10 +208,30 @@ class Checker:
 
     @cached_property
     def first_gpu_position(self) -> int:
-        for i, (n, s) in enumerate(self.region.nodes):
-            if isinstance(n, cst.Call) and (is_step_op(n, s.env) or is_model_call(n, s.env)):
-                return i
-        return len(self.region.nodes)
+        """Where the step's GPU work starts: the first optimizer step or model call, in the order the loop
+        body runs them (called functions are walked after the body, see execution_order)."""
+        return min(
+            (
+                i
+                for i, (n, s) in enumerate(self.region.nodes)
+                if isinstance(n, cst.Call) and (is_step_op(n, s.env) or is_model_call(n, s.env))
+            ),
+            key=self.execution_order,
+            default=len(self.region.nodes),
+        )
+
+    def execution_order(self, index: int, last: bool = False) -> tuple[int, int]:
+        """A sort key for the region's node at `index`, in the order one iteration runs: by the loop body's
+        call that leads to it (the first such call, or with `last` the last one; its own position in the
+        body), then by its place in the called function."""
+        calls = [self.position(c) for c in self.region.body_calls_of(self.region.nodes[index][1])]
+        return (max if last else min)(calls, default=index), index
+
+    def before_gpu_work(self, node: cst.CSTNode) -> bool:
+        """Whether the node runs before the step's first GPU work each time the iteration runs it."""
+        if self.first_gpu_position >= len(self.region.nodes):
+            return True
+        return self.execution_order(self.position(node), last=True) < self.execution_order(self.first_gpu_position)
 
     # ---- per-step host values ----------------------------------------------------------------
 

@@ -178,13 +178,7 @@ class ModuleAnalysis:
         caller_env = caller.new_env()
         if caller.node is not func.node:
             self._bind_from_call_site(caller, caller_env, {}, depth + 1)
-        params = func.params[1:] if func.cls is not None else func.params
-        for i, arg in enumerate(call.args):
-            if arg.star:
-                continue
-            name = arg.keyword.value if arg.keyword is not None else (params[i] if i < len(params) else None)
-            if name is not None and name not in seeds:
-                env.bound[name] = (caller_env, arg.value)
+        bind_arguments(func, func.cls is not None, call, caller_env, env, keep=set(seeds))
 
     @cached_property
     def call_sites(self) -> dict[str, tuple[cst.Call, FunctionInfo]]:
@@ -298,13 +292,10 @@ class ModuleAnalysis:
         """A called function's env, its parameters bound to the call's arguments, and the tensor/host seeds."""
         env = info.new_env()
         seeds: dict[str, bool] = {}
-        params = info.params[1:] if bound else info.params
-        for i, arg in enumerate(call.args):
-            name = None if arg.star else arg.keyword.value if arg.keyword is not None else (params[i] if i < len(params) else None)
-            if name is not None:
-                env.bound[name] = (caller, arg.value)
-                if (verdict := caller._tensor(arg.value, 0)) is not None:
-                    seeds[name] = verdict
+        bind_arguments(info, bound, call, caller, env)
+        for name, (source_env, value) in env.bound.items():
+            if (verdict := source_env._tensor(value, 0)) is not None:
+                seeds[name] = verdict
         return env, seeds
 
     # ---- walking ----------------------------------------------------------------------------
@@ -409,6 +400,49 @@ class ModuleAnalysis:
             if isinstance(a, cst.If) and is_periodic_gpu_branch(a, block.env):
                 return True
         return False
+
+
+def passed_arguments(
+    call: cst.Call, caller: Env
+) -> tuple[list[tuple[Env, cst.BaseExpression]], dict[str, tuple[Env, cst.BaseExpression]], bool]:
+    """What a call passes, positional and by keyword, each with the env it is evaluated in; a `*args` or
+    `**kwargs` of the caller's own, passed on (`module(*args, **kwargs)`), stands for what the caller was
+    passed. The flag: whether some other `*`/`**` argument hides what is passed."""
+    positional: list[tuple[Env, cst.BaseExpression]] = []
+    keywords: dict[str, tuple[Env, cst.BaseExpression]] = {}
+    hidden = False
+    caller_star, caller_kwargs = caller.func.star_params if caller.func is not None else (None, None)
+    for arg in call.args:
+        forwarded = dotted(arg.value)
+        if arg.star == "*" and forwarded is not None and forwarded == caller_star:
+            positional += caller.star_bound
+        elif arg.star == "**" and forwarded is not None and forwarded == caller_kwargs:
+            keywords.update(caller.kwargs_bound)
+        elif arg.star:
+            hidden = True
+        elif arg.keyword is not None:
+            keywords[arg.keyword.value] = (caller, arg.value)
+        else:
+            positional.append((caller, arg.value))
+    return positional, keywords, hidden
+
+
+def bind_arguments(info: FunctionInfo, bound: bool, call: cst.Call, caller: Env, env: Env, keep: set[str] = frozenset()) -> None:
+    """Bind a called function's parameters (in `env`) to the call's arguments, as Python does: positional
+    ones in order, the rest into `*args`; keywords by name, the rest into `**kwargs`."""
+    positional, keywords, _ = passed_arguments(call, caller)
+    params = info.positional_params[1:] if bound else info.positional_params
+    star, star_kwargs = info.star_params
+    for name, value in zip(params, positional):
+        if name not in keep:
+            env.bound[name] = value
+    if star is not None:
+        env.star_bound = positional[len(params) :]
+    for name, value in keywords.items():
+        if name in info.params and name not in keep:
+            env.bound[name] = value
+        elif star_kwargs is not None:
+            env.kwargs_bound[name] = value
 
 
 def _runs_inside_another(loop: int, absorbed: dict[int, int]) -> bool:

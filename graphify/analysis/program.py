@@ -53,6 +53,22 @@ class FunctionInfo:
         p = self.node.params
         return [x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)]
 
+    @property
+    def positional_params(self) -> list[str]:
+        if self.node is None:
+            return []
+        p = self.node.params
+        return [x.name.value for x in (*p.posonly_params, *p.params)]
+
+    @property
+    def star_params(self) -> tuple[str | None, str | None]:
+        """The names of `*args` and `**kwargs`, where the function has them."""
+        if self.node is None:
+            return None, None
+        p = self.node.params
+        star = p.star_arg.name.value if isinstance(p.star_arg, cst.Param) else None
+        return star, p.star_kwarg.name.value if p.star_kwarg is not None else None
+
 
 class ModuleInfo:
     def __init__(self, path: str, source: str, tree: cst.Module, program: "Program") -> None:

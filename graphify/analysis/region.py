@@ -75,6 +75,22 @@ class Region:
                 block = block.parent
         return calls
 
+    def calls_leading_to(self, site: Site) -> set[int]:
+        """ids of every call, at any depth, whose function (or one it calls) holds the node at `site`:
+        the call that entered each block on the way up, and the later calls of functions walked once."""
+        calls, seen, pending = set(), set(), [site]
+        while pending:
+            block = pending.pop().block
+            while block is not None and block is not self.body_block:
+                if id(block.func.node) not in seen:
+                    seen.add(id(block.func.node))
+                    for call, call_site in self.repeats.get(id(block.func.node), []):
+                        calls.add(id(call))
+                        pending.append(call_site)
+                calls.add(id(block.call))
+                block = block.parent
+        return calls
+
 
 @dataclass
 class Loop:

@@ -61,6 +61,9 @@ class Env:
     hosts: set[str] = field(default_factory=set)
     # Parameters bound at a call site: name -> (caller env, argument expression).
     bound: dict[str, tuple["Env", cst.BaseExpression]] = field(default_factory=dict)
+    # What its call site passed into `*args` and `**kwargs`, forwarded by `f(*args, **kwargs)` to a call.
+    star_bound: list[tuple["Env", cst.BaseExpression]] = field(default_factory=list)
+    kwargs_bound: dict[str, tuple["Env", cst.BaseExpression]] = field(default_factory=dict)
     module: object = None  # ModuleInfo, for resolving calls into analysed functions
     func: object = None  # FunctionInfo of this body
     resolver: object = None
@@ -118,7 +121,20 @@ class Env:
                 return kind
         if any(isinstance(v, cst.Call) and is_noise_scheduler_class(self.qualify(v.func) or "") for v in values):
             return None  # whatever its name says
+        if not values and self._names_a_function(name):
+            return None  # `def call_model(module, x)`: a function, whatever its name says
         return kind_by_name(name) or (MODEL if name in self._put_in_eval_mode() else None)
+
+    def _names_a_function(self, name: str) -> bool:
+        """A function of this module, or a method of this class (`self.model_step`)."""
+        module = self.module
+        if module is None:
+            return False
+        if "." not in name:
+            return name in module.functions
+        owner, _, attr = name.partition(".")
+        cls = getattr(self.func, "cls", None)
+        return owner == "self" and cls is not None and "." not in attr and module.method(cls, attr) is not None
 
     def _put_in_eval_mode(self) -> set[str]:
         """Names this body calls `.eval()` on (`task.eval()` before a validation loop): modules, whatever their name."""

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 import libcst as cst
 
 from graphify.analysis.calls import is_backward, is_delegated_step, is_model_call, is_no_grad_item, method_call
+from graphify.analysis.discovery import bind_arguments, passed_arguments
 from graphify.analysis.names import dotted
 from graphify.analysis.region import Loop
 from graphify.analysis.statements import names_written, walk
-from graphify.analysis.vocabulary import DDP
+from graphify.analysis.vocabulary import DDP, MODEL
 from graphify.model import Rule
 from graphify.plan.base import Refusal, body_of
 from graphify.plan.dataflow import attribute_targets, is_host_expression
@@ -33,6 +34,7 @@ class PartialPlan:
     model_calls: list[cst.Call]  # `model(x)` with grad: each becomes a call of its model's graphed module
     models: list[str]  # the models called (`model`, `self.model`), in the order they appear in the loop body
     reasons: list[str]  # why the whole step cannot be captured
+    model_passes: list[cst.BaseExpression]  # `model` handed to a helper that calls it: the graphed module instead
 
 
 def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule, cst.CSTNode | None]]) -> PartialPlan:
@@ -54,28 +56,25 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
     scope = loop.func.node if loop.func.node is not None else loop.module.tree
     # target networks under no_grad, and actions picked with grad on (`argmax(q_network(obs))`), stay eager
     model_calls = [c for c in calls if is_model_call(c, env) and id(c) not in without_grad and not _never_differentiated(c, body, scope)]
-    names = [_module_called(c) for c in model_calls]
+    passes = _models_passed_to_helpers(loop, {id(c) for c in calls}, without_grad, body, scope)
+    names = [_module_called(c) for c in model_calls] + [dotted(p.model) for p in passes]
     if not names or None in names:
         raise Refusal(LOOP_SHAPE, "partial capture needs the models called by name, outside no_grad in the loop body")
-    for call, name in zip(model_calls, names):
+    for call, name in zip([*model_calls, *(p.inner for p in passes)], names):
         if "." in name and not _forward_nodes(loop, call):  # `self.model` handed in from elsewhere: its forward unseen
             raise Refusal(LOOP_SHAPE, f"partial capture needs the class of `{name}` known, to check its forward", call)
     rebound = _attributes_assigned(loop) & set(names)
     if rebound:  # the graphed module is made once, before the loop: it would keep graphing the first model
         raise Refusal(LOOP_SHAPE, f"partial capture needs `{min(rebound)}` kept the same model while the loop runs")
     for call in model_calls:
-        if env.kind_of(call.func) == DDP:  # its gradients are all-reduced from hooks in the backward a graph would hold
-            raise Refusal(DDP_MODEL, "partial capture does not graph a DistributedDataParallel model", call)
-        positional = [a for a in call.args if a.keyword is None]
-        if not positional or any(a.star for a in call.args) or positional != list(call.args[: len(positional)]):
-            raise Refusal(LOOP_SHAPE, "partial capture needs the model called with positional tensors (and keyword values)")
-        if any(is_host_expression(a.value, env) for a in positional):
-            raise Refusal(LOOP_SHAPE, "partial capture needs the model called with tensors (a host value is a positional argument)")
+        _check_arguments(call, call.func, env, passed_arguments(call, env))
+    for p in passes:
+        _check_arguments(p.call, p.model, p.caller_env, passed_arguments(p.inner, p.env))
     if not any(is_backward(c, env) or is_delegated_step(c, env) for c in calls):  # `loss_scaler(loss, optimizer)` runs it
         raise Refusal(LOOP_SHAPE, "partial capture needs the backward pass in the loop body")
     # A call made while the last replay's backward is still to come runs eagerly (GraphedModule), so the
     # model may be called under a condition, or more than once per step.
-    forward = {n for call in model_calls for n in _forward_nodes(loop, call)}
+    forward = {n for call in [*model_calls, *(p.inner for p in passes)] for n in _forward_nodes(loop, call)}
     read_in_forward = {n.value for n, _ in loop.region.nodes if isinstance(n, cst.Name) and id(n) in forward}
     in_loop = {id(n) for n, _ in loop.region.nodes}
     for rule, node in breakers:
@@ -86,14 +85,76 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
             and node is not None
             and id(node) in in_loop
             and id(node) not in forward
-            and not _feeds(node, model_calls, body)
+            and not _feeds(node, [*model_calls, *(p.call for p in passes)], body)
         ):
             continue  # padding no model reads (packed targets, outputs): the models' inputs may keep one shape
         if rule.code in _NEVER:
             raise Refusal(rule, f"partial capture cannot leave {rule.code} ({rule.name}) eager", node)
         if node is not None and id(node) in forward:
             raise Refusal(rule, "the model's forward itself would be captured with it", node)
-    return PartialPlan(loop, model_calls, list(dict.fromkeys(names)), list(reasons))
+    return PartialPlan(loop, model_calls, list(dict.fromkeys(names)), list(reasons), [p.model for p in passes])
+
+
+def _check_arguments(call: cst.Call, model: cst.BaseExpression, model_env, passed) -> None:
+    """The model must be a plain module called with tensors; `passed`: what the model is called with
+    (passed_arguments), where `call` calls it or hands it to a helper that does."""
+    if model_env.kind_of(model) == DDP:  # its gradients are all-reduced from hooks in the backward a graph would hold
+        raise Refusal(DDP_MODEL, "partial capture does not graph a DistributedDataParallel model", call)
+    positional, _, hidden = passed
+    if not positional or hidden:
+        raise Refusal(LOOP_SHAPE, "partial capture needs the model called with positional tensors (and keyword values)")
+    if any(is_host_expression(value, env) for env, value in positional):
+        raise Refusal(LOOP_SHAPE, "partial capture needs the model called with tensors (a host value is a positional argument)")
+
+
+@dataclass
+class _ModelPass:
+    call: cst.Call  # `forward_(model, x)` in the loop body
+    model: cst.BaseExpression  # `model` there: the graphed module is passed instead
+    inner: cst.Call  # `module(*args)` in the helper: the model call it makes
+    env: object  # the helper's env, its parameters bound to this call's arguments
+    caller_env: object  # where `call` stands (the loop body, or a closure defined there)
+
+
+def _models_passed_to_helpers(loop: Loop, written: set[int], without_grad: set[int], body, scope) -> list[_ModelPass]:
+    """Models the loop body hands to a function that calls them (`forward_(model, x)` with
+    `def forward_(module, *args): return module(*args)`), with grad on; `written`: ids of the calls
+    written in the loop body (closures defined there included). The function must do nothing with its
+    parameter but call it, so that a graphed module passed instead serves every use."""
+    region = loop.region
+    passes = []
+    for node, site in region.nodes:
+        block = site.block
+        if type(node) is not cst.Call or id(block.call) not in written or not is_model_call(node, site.env):
+            continue
+        param = node.func.value if isinstance(node.func, cst.Name) else None
+        if param is None or param not in site.env.bound:
+            continue
+        if any(isinstance(a, cst.With) and any(is_no_grad_item(i.item, site.env) for i in a.items) for a in site.ancestors):
+            continue
+        helper = block.func
+        # the helper is walked once, from its first call; the later ones may hand it other models
+        callers = [(block.call, block.parent.env)] + [(c, s.env) for c, s in region.repeats.get(id(helper.node), []) if id(c) in written]
+        for call, caller_env in callers:
+            env = helper.new_env()
+            bind_arguments(helper, helper.cls is not None, call, caller_env, env)
+            model = env.bound[param][1] if param in env.bound else None
+            if model is None or id(call) in without_grad or caller_env.kind_of(model) not in (MODEL, DDP):
+                continue
+            if _never_differentiated(call, body, scope):
+                continue
+            if not _only_called(param, helper.node):
+                raise Refusal(LOOP_SHAPE, f"partial capture needs `{param}` only called in `{helper.qualname}`", call)
+            passes.append(_ModelPass(call, model, node, env, caller_env))
+    return passes
+
+
+def _only_called(param: str, func: cst.FunctionDef) -> bool:
+    """Whether a function does nothing with its parameter `param` but call it."""
+    declared = {id(p.name) for n in walk(func) if isinstance(n, cst.Param) for p in [n]}
+    callees = {id(n.func) for n in walk(func) if isinstance(n, cst.Call)}
+    uses = [n for n in walk(func) if isinstance(n, cst.Name) and n.value == param and id(n) not in declared]
+    return all(id(n) in callees for n in uses)
 
 
 def _feeds(value: cst.CSTNode, model_calls: list[cst.Call], body: list[cst.BaseStatement]) -> bool:
@@ -209,4 +270,14 @@ def _attributes_assigned(loop: Loop) -> set[str]:
 def _forward_nodes(loop: Loop, call: cst.Call) -> set[int]:
     """ids of the nodes the model call runs (its forward, when the model's class is analysed)."""
     region = loop.region
-    return {id(n) for n, site in region.nodes if site.block is not region.body_block and any(c is call for c in region.body_calls_of(site))}
+    leading: dict[int, set[int]] = {}  # per block: the calls that lead to it
+    found = set()
+    for n, site in region.nodes:
+        if site.block is region.body_block:
+            continue
+        calls = leading.get(id(site.block))
+        if calls is None:
+            calls = leading[id(site.block)] = region.calls_leading_to(site)
+        if id(call) in calls:
+            found.add(id(n))
+    return found

@@ -59,6 +59,7 @@ class Rewriter(cst.CSTTransformer):
         # expressions of a step evaluated before its call: the step reads their input instead
         self.drawn = {k: drawn_value(e.plan, k) for e in emissions if isinstance(e.plan, Plan) for k in e.plan.draws}
         self.renames: dict[int, str] = {}  # model call -> the graphed module it now calls
+        self.passed: dict[int, str] = {}  # a model handed to a helper that calls it -> the graphed module
         self.defs: dict[int, list[cst.BaseStatement]] = {}
         for e in emissions:
             if isinstance(e.plan, PartialPlan):
@@ -72,6 +73,9 @@ class Rewriter(cst.CSTTransformer):
         for call in plan.model_calls:
             if dotted(call.func) == e.model:
                 self.renames[id(call)] = e.step_name
+        for passed in plan.model_passes:
+            if dotted(passed) == e.model:
+                self.passed[id(passed)] = e.step_name
         made = cst.parse_statement(f"{e.step_name} = {class_name}({e.model})").with_changes(
             leading_lines=[
                 cst.EmptyLine(indent=False),
@@ -83,6 +87,12 @@ class Rewriter(cst.CSTTransformer):
         self.defs.setdefault(id(e.anchor), []).append(made)
 
     # ---- calls edited in place ---------------------------------------------------------------
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        return cst.Name(self.passed[id(original)]) if id(original) in self.passed else updated
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        return cst.Name(self.passed[id(original)]) if id(original) in self.passed else updated
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         if id(original) in self.drawn:

@@ -64,8 +64,7 @@ def check(ck):
         if last in _FROM_HOST:
             # Input preparation before the step (in the body, or in a helper such as get_batch() called
             # there) stays eager; anywhere else the value would be frozen at capture.
-            at = [call] if site.block is ck.region.body_block else ck.region.body_calls_of(site)
-            removable = bool(at) and all(ck.position(a) < ck.first_gpu_position for a in at)
+            removable = ck.before_gpu_work(call)
             yield ck.finding(
                 HOST_DATA,
                 call,

@@ -154,7 +154,11 @@ def _after_first_gpu_work(ck, node: cst.CSTNode, site) -> bool:
     if ck.first_gpu_position >= len(ck.region.nodes):
         return False
     first, first_site = ck.region.nodes[ck.first_gpu_position]
-    return _statement_position(ck, node, site) > _statement_position(ck, first, first_site)
+    here, start = _statement_position(ck, node, site), _statement_position(ck, first, first_site)
+    if here != start or site.block is ck.region.body_block or any(a is first for a in site.ancestors):
+        return here > start
+    # in a function the body's statement calls, after the model call there (not in its arguments)
+    return ck.execution_order(ck.position(node)) > ck.execution_order(ck.first_gpu_position)
 
 
 def _draws_step_input(ck, node: cst.CSTNode, site) -> bool:
