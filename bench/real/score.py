@@ -36,12 +36,21 @@ class Score:
     loops_found: int = 0
     loops_extra: int = 0
     verdicts_right: int = 0
+    train_loops: int = 0  # labelled training loops
+    train_possible: int = 0  # of them, those the label says can be captured whole or in part
+    train_rewritten: int = 0  # labelled training loops `graphify rewrite` rewrites (whole or model only)
+    possible_rewritten: int = 0
+    refused: int = 0  # labelled training loops found and left unchanged
+    refused_with_real_blocker: int = 0  # of them, those whose stated reasons include a labelled breaker
+    over_promised: int = 0  # rewritten, though labelled not-capturable
     missed: list[str] = field(default_factory=list)
     false_alarms: list[str] = field(default_factory=list)
     loop_notes: list[str] = field(default_factory=list)
 
     def add(self, other: "Score") -> None:
-        for name in ("hits", "labelled", "reported", "loops_labelled", "loops_found", "loops_extra", "verdicts_right"):
+        for name in self.__dataclass_fields__:
+            if not isinstance(getattr(self, name), int):
+                continue
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @property
@@ -58,9 +67,38 @@ def load_labels(path: Path) -> dict:
         return tomllib.load(handle)
 
 
-def score_file(labels: dict, diagnostics: list[tuple[int, str, str]], loops: list[tuple[int, str, str]]) -> Score:
-    """diagnostics: (line, category, code); loops: (line, kind, verdict), as `check` reports them."""
+_POSSIBLE = {"capturable", "capturable-after-rewrite", "partially-capturable"}
+
+
+def score_rewrites(score: Score, labels: dict, diagnostics, outcomes: list[tuple[int, bool, list[str]]]) -> None:
+    """outcomes: (line, rewritten, reasons) of each loop `graphify rewrite` saw. A refusal names its real
+    blocker when one of its reason codes is reported on a line the labels mark with that code's category."""
+    blocked = {(b["line"], b["category"]) for b in labels.get("breaker", [])}
+    real = {code for line, category, code in diagnostics if (line, category) in blocked}
+    by_line = {line: (rewritten, reasons) for line, rewritten, reasons in outcomes}
+    for loop in labels.get("loop", []):
+        if loop.get("ambiguous") or loop["kind"] != "train":
+            continue
+        score.train_loops += 1
+        possible = loop["verdict"] in _POSSIBLE
+        score.train_possible += possible
+        rewritten, reasons = by_line.get(loop["line"], (False, None))
+        if rewritten:
+            score.train_rewritten += 1
+            score.possible_rewritten += possible
+            score.over_promised += loop["verdict"] == "not-capturable"
+        elif reasons is not None:
+            score.refused += 1
+            score.refused_with_real_blocker += any(code in real for code in reasons)
+            if not any(code in real for code in reasons):
+                score.loop_notes.append(f"loop {loop['line']}: refused for {', '.join(reasons) or 'no code'}, no labelled breaker")
+
+
+def score_file(labels: dict, diagnostics: list[tuple[int, str, str]], loops: list[tuple[int, str, str]], outcomes=()) -> Score:
+    """diagnostics: (line, category, code); loops: (line, kind, verdict), as `check` reports them;
+    outcomes: (line, rewritten, reasons), as `rewrite` decides."""
     score = Score()
+    score_rewrites(score, labels, diagnostics, list(outcomes))
     wanted = {(b["line"], b["category"]) for b in labels.get("breaker", []) if not b.get("ambiguous")}
     tolerated = {(b["line"], b["category"]) for b in labels.get("breaker", []) if b.get("ambiguous")}
     codes: dict[tuple[int, str], str] = {}
@@ -91,7 +129,7 @@ def score_file(labels: dict, diagnostics: list[tuple[int, str, str]], loops: lis
     return score
 
 
-def check_file(path: Path) -> tuple[list[tuple[int, str, str]], list[tuple[int, str, str]]]:
+def check_file(path: Path):
     from graphify.config import Settings
     from graphify.engine import analyze_source
 
@@ -102,7 +140,11 @@ def check_file(path: Path) -> tuple[list[tuple[int, str, str]], list[tuple[int, 
     # labels mark the flagged code itself: for a breaker of a called function, the helper's lines (check reports it at the call)
     diagnostics = [(line, d.rule.category, d.rule.code) for d in report.diagnostics for _, line in d.flagged()]
     loops = [(lp.line, lp.kind, lp.verdict.value) for lp in report.loops]
-    return diagnostics, loops
+    from graphify.rewrite import rewrite_source
+
+    rewrite = rewrite_source(source, str(path), Settings())
+    outcomes = [(o.line, o.rewritten, [r for r in o.reasons if r.startswith("GFY")]) for o in rewrite.outcomes]
+    return diagnostics, loops, outcomes
 
 
 def _ratio(part: int, whole: int) -> str:
@@ -122,6 +164,10 @@ def render(rows: list[tuple[str, Score]], total: Score, details: bool, seconds: 
         f"| loops found | {_ratio(total.loops_found, total.loops_labelled)} |",
         f"| loops reported, not labelled | {total.loops_extra} |",
         f"| verdicts right (of loops found) | {_ratio(total.verdicts_right, total.loops_found)} |",
+        f"| training loops rewritten (whole or model only) | {_ratio(total.train_rewritten, total.train_loops)} |",
+        f"| of those labelled capturable in whole or part | {_ratio(total.possible_rewritten, total.train_possible)} |",
+        f"| refusals naming a labelled breaker | {_ratio(total.refused_with_real_blocker, total.refused)} |",
+        f"| rewritten though labelled not-capturable | {total.over_promised} |",
         "",
         "| script | recall | precision | loops found | verdicts right |",
         "| --- | --- | --- | --- | --- |",
