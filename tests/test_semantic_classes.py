@@ -681,3 +681,39 @@ def test_host_data_built_in_a_helper_after_its_model_call_is_no_step_input():
     (loop,) = report.loops
     assert loop.verdict.value == "not-capturable"
     assert {"GFY201", "GFY702"} <= set(loop.reasons)
+
+
+# ---- 7. a tensor moved earlier in the iteration is on the device ---------------------------------
+
+_MOVED_EARLIER = """
+def train(model, loader, opt, device):
+    for x, y in loader:
+        x = x.float().to(device)
+        y = {y_binding}
+        {line}
+        loss = model(x, z).sum() + y.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "z = y[:, :3].to(device)",
+        "z = torch.cat([y[:, :2], x], dim=1).float().to(device)",
+        "z = torch.sigmoid(torch.zeros_like(y)).cuda()",
+        "z = y.detach().clone().to(device)",
+    ],
+)
+def test_moving_a_tensor_moved_earlier_in_the_iteration_copies_nothing(line):
+    source = _MOVED_EARLIER.format(y_binding="y.to(device)", line=line)
+    report = analyze_source(_HEADER + textwrap.dedent(source), "train.py", Settings())
+    assert [d.line for d in report.diagnostics if d.code == "GFY301"] == [9, 10]  # x and y: the batch's own copies
+
+
+def test_a_tensor_still_on_the_host_is_copied_whatever_came_before():
+    source = _MOVED_EARLIER.format(y_binding="y.float()", line="z = torch.cat([y[:, :2], x], dim=1).to(device)")
+    report = analyze_source(_HEADER + textwrap.dedent(source), "train.py", Settings())
+    assert [d.line for d in report.diagnostics if d.code == "GFY301"] == [9, 11]

@@ -13,6 +13,7 @@ from graphify.analysis.calls import is_model_call, is_optimizer_step, is_step_op
 from graphify.analysis.region import Loop, Site
 from graphify.analysis.reach import first_forward_position, optimizer_step_chains
 from graphify.analysis.scope import collect_scope
+from graphify.analysis.statements import names_written
 from graphify.analysis.targets import unwrap_iterable
 from graphify.analysis.names import dotted
 from graphify.analysis.program import ModuleInfo
@@ -44,103 +45,6 @@ class Finding:
 def removable(finding: Finding) -> bool:
     """Whether `graphify rewrite` removes this breaker (its rule can, and its context does not defeat it)."""
     return finding.rule.rewritable and finding.removable is not False
-
-
-LOGGING_METHODS = {
-    "debug",
-    "info",
-    "warning",
-    "warn",
-    "error",
-    "critical",
-    "exception",
-    "log",
-    "add_scalar",
-    "add_scalars",
-    "add_histogram",
-    "add_image",
-    "add_text",
-    "log_metrics",
-    "log_metric",
-    "set_postfix",
-    "set_postfix_str",
-    "set_description",
-    "set_description_str",
-    "write",
-}
-METER_METHODS = {"update", "log_dict", "add"}
-METER_NAME_HINTS = ("meter", "metric_logger", "logger", "tracker", "stats")
-LOGGER_NAME_HINTS = (
-    "log",
-    "writer",
-    "wandb",
-    "mlflow",
-    "tb",
-    "summary",
-    "pbar",
-    "bar",
-    "progress",
-    "tqdm",
-    "run",
-    "experiment",
-    "accelerator",
-    "console",
-    "self",
-)
-
-
-def is_logging_call(call: cst.Call, env: Env) -> bool:
-    func = call.func
-    if isinstance(func, cst.Name):
-        return func.value == "print" or func.value.startswith(("progress_bar", "log_"))
-    qual = env.qualify(func) or ""
-    if qual.startswith(("logging.", "wandb.", "mlflow.", "tqdm.write", "tqdm.tqdm.write", "sys.stdout.write", "sys.stderr.write")):
-        return True
-    m = method_call(call)
-    if m is None:
-        return False
-    receiver, name = m
-    while isinstance(receiver, cst.Subscript):  # metric_logger.meters['acc1'].update(...)
-        receiver = receiver.value
-    if name == "print":
-        return True
-    recv = (dotted(receiver) or "").lower()
-    local = env._local_method(call.func)
-    if local is not None and name in METER_METHODS:
-        # a meter of a local class: what its body does decides. Sums kept on the host are bookkeeping, as a
-        # list's append is, not I/O; fed tensors, it does device math the analysis follows into its body.
-        return _prints_or_logs(local)
-    if name in METER_METHODS and any(h in part for part in recv.split(".") for h in METER_NAME_HINTS):
-        return True  # metric_logger.update(loss=loss_value): a library's logger, read on the host to log
-    if name not in LOGGING_METHODS:
-        return False
-    if name == "log" and recv == "self":
-        return True  # LightningModule.log
-    if name in ("write",) and not any(h in recv for h in ("pbar", "bar", "tqdm", "stdout", "stderr")):
-        return False
-    return any(h in recv.rsplit(".", 1)[-1] or h in recv for h in LOGGER_NAME_HINTS) or _built_as_logger(receiver, env)
-
-
-def _prints_or_logs(fn: cst.FunctionDef) -> bool:
-    """Whether a method prints, logs or writes (directly): `print(...)`, `logger.info(...)`, `f.write(...)`."""
-    for n in iter_nodes(fn.body):
-        if type(n) is not cst.Call:
-            continue
-        if isinstance(n.func, cst.Name) and n.func.value == "print":
-            return True
-        if isinstance(n.func, cst.Attribute) and n.func.attr.value in LOGGING_METHODS:
-            return True
-    return False
-
-
-# what the function building a receiver is named after: `wb = get_wandb_backend(args)`, `tracker = make_logger(cfg)`
-_LOGGER_FACTORY_HINTS = ("wandb", "mlflow", "trackio", "logger", "writer", "tensorboard")
-
-
-def _built_as_logger(receiver: cst.BaseExpression, env: Env) -> bool:
-    name = dotted(receiver)
-    built = [v for v in env.values_of(name) if type(v) is cst.Call] if name else []
-    return any(h in (env.qualify(v.func) or "").rsplit(".", 1)[-1].lower() for v in built for h in _LOGGER_FACTORY_HINTS)
 
 
 def kwarg(call: cst.Call, name: str) -> cst.BaseExpression | None:
@@ -492,34 +396,100 @@ def is_device_arg(expr: cst.BaseExpression, env: Env, depth: int = 0) -> bool:
     return "device" in last or last in ("dev", "rank", "local_rank", "gpu", "gpu_id")
 
 
-def is_on_device(expr: cst.BaseExpression, env: Env, depth: int = 0) -> bool:
+Where = tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]  # a node, and its ancestors, as a Site holds them
+
+
+def is_on_device(expr: cst.BaseExpression, env: Env, depth: int = 0, where: Where | None = None) -> bool:
     """Whether a tensor expression already lives on an accelerator: made there (`torch.randn(..., device=dev)`),
-    moved there (`.to(dev)`, `.cuda()`), or indexed, sliced or viewed from such a tensor; a name bound only
-    to those. Moving it to the device again copies nothing."""
-    if depth > 4:
+    moved there (`.to(dev)`, `.cuda()`), computed from such tensors (indexed, viewed, `torch.cat` of them, a
+    model's output), or a name bound to those: by the assignment that reaches `where` in the iteration
+    (`x = x.to(device)` earlier in the body), else by every binding it has. Moving it again copies nothing."""
+    if depth > 12:
         return False
     if isinstance(expr, cst.Subscript):
-        return is_on_device(expr.value, env, depth + 1)
+        return is_on_device(expr.value, env, depth + 1, where)
     if isinstance(expr, cst.Call):
-        device = kwarg(expr, "device")
-        if device is not None:
-            return is_device_arg(device, env) and not is_cpu_arg(device, env)
-        m = method_call(expr)
-        if m is None:
-            return False
-        if m[1] == "cuda":
-            return True
-        if m[1] == "to" and expr.args and expr.args[0].keyword is None:
-            return is_device_arg(expr.args[0].value, env) and not is_cpu_arg(expr.args[0].value, env)
-        return m[1] in _SAME_PLACE and is_on_device(m[0], env, depth + 1)
+        return _call_on_device(expr, env, depth, where)
     name = dotted(expr) if isinstance(expr, cst.Name) else None
-    values = env.values_of(name) if name else []
+    if name is None:
+        return False
+    reaching = reaching_value(name, where) if where is not None else None
+    if reaching is not None:
+        return is_on_device(reaching[0], env, depth + 1, reaching[1])
+    values = env.values_of(name)
     # `x = x.to(device)` says nothing of the `x` it moves (a loop target, a parameter: bindings not listed)
     rebinds_itself = any(isinstance(n, cst.Name) and n.value == name for v in values for n in iter_nodes(v))
     return bool(values) and not rebinds_itself and all(is_on_device(v, env, depth + 1) for v in values)
 
 
+def _call_on_device(expr: cst.Call, env: Env, depth: int, where: Where | None) -> bool:
+    device = kwarg(expr, "device")
+    if device is not None:
+        return is_device_arg(device, env) and not is_cpu_arg(device, env)
+    if is_model_call(expr, env) and expr.args:  # a module's output lives where its parameters do
+        return is_on_device(expr.args[0].value, env, depth + 1, where)
+    qual = env.qualify(expr.func) or ""
+    if qual in _JOINED and expr.args and isinstance(expr.args[0].value, (cst.List, cst.Tuple)):
+        elements = expr.args[0].value.elements
+        return bool(elements) and all(is_on_device(e.value, env, depth + 1, where) for e in elements)
+    if qual.startswith("torch.") and qual.rsplit(".", 1)[-1] not in _MADE_ON_HOST and expr.args and not expr.args[0].keyword:
+        return is_on_device(expr.args[0].value, env, depth + 1, where)  # `torch.sigmoid(x)`, `zeros_like(x)`: where x is
+    m = method_call(expr)
+    if m is None:
+        return False
+    if m[1] == "cuda":
+        return True
+    if m[1] == "to" and expr.args and expr.args[0].keyword is None:
+        return is_device_arg(expr.args[0].value, env) and not is_cpu_arg(expr.args[0].value, env)
+    return m[1] in _SAME_PLACE and is_on_device(m[0], env, depth + 1, where)
+
+
 _SAME_PLACE = {"view", "reshape", "float", "half", "long", "int", "bool", "contiguous", "unsqueeze", "squeeze", "flatten", "permute", "t"}
+_SAME_PLACE |= {"detach", "clone", "expand", "expand_as", "repeat", "transpose", "type_as", "view_as", "reshape_as"}
+# torch functions that make a tensor on the host unless told a device (their first argument is no tensor)
+_MADE_ON_HOST = {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm"}
+_MADE_ON_HOST |= {"arange", "linspace", "logspace", "eye", "normal", "Tensor", "FloatTensor", "LongTensor", "asarray", "frombuffer"}
+_JOINED = {"torch.cat", "torch.stack", "torch.concat", "torch.hstack", "torch.vstack"}
+
+
+def reaching_value(name: str, where: Where) -> tuple[cst.BaseExpression, Where] | None:
+    """The value a plain assignment gave `name` in the statement before `where` (in its block or an enclosing
+    one, inside the same loop iteration and function) that last binds it, and where that statement stands;
+    None when it is bound otherwise (augmented, unpacked from a call, in a loop header) or not there."""
+    child, ancestors = where
+    for i in range(len(ancestors) - 1, -1, -1):
+        parent = ancestors[i]
+        if isinstance(parent, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return None
+        if isinstance(parent, cst.IndentedBlock):
+            at = next((k for k, stmt in enumerate(parent.body) if stmt is child), None)
+            for stmt in reversed(parent.body[:at] if at is not None else ()):
+                if name in names_written(stmt):
+                    value = _assigned_value(stmt, name)
+                    return (value, (stmt, ancestors[: i + 1])) if value is not None else None
+        child = parent
+    return None
+
+
+def _assigned_value(stmt: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    """`name = value`, or `a, name = x, value`: the value; None for anything else."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+        return None
+    assign = stmt.body[0]
+    if len(assign.targets) != 1:
+        return None
+    target, value = assign.targets[0].target, assign.value
+    if isinstance(target, cst.Name):
+        return value if target.value == name else None
+    if (
+        isinstance(target, (cst.Tuple, cst.List))
+        and isinstance(value, (cst.Tuple, cst.List))
+        and len(target.elements) == len(value.elements)
+    ):
+        for t, v in zip(target.elements, value.elements):
+            if isinstance(t.value, cst.Name) and t.value.value == name and not isinstance(t, cst.StarredElement):
+                return v.value
+    return None
 
 
 def is_cpu_arg(expr: cst.BaseExpression, env: Env) -> bool:

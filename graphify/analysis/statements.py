@@ -6,7 +6,7 @@ from typing import Iterator
 
 import libcst as cst
 
-from graphify.analysis.checker import is_logging_call
+from graphify.analysis.logging_calls import is_logging_call
 from graphify.analysis.calls import is_model_call, is_step_op, method_call
 from graphify.analysis.scope import target_names
 from graphify.analysis.tree import children

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphify.analysis.checker import code_of, is_logging_call
+from graphify.analysis.checker import code_of
+from graphify.analysis.logging_calls import is_logging_call
 from graphify.analysis.containers import makes_container
 from graphify.analysis.region import Site
 from graphify.analysis.names import dotted

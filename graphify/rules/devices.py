@@ -105,7 +105,9 @@ def legacy_tensor_type(expr, env, cuda: bool = False, depth: int = 0) -> bool:
     return bool(name) and any(legacy_tensor_type(v, env, cuda, depth + 1) for v in env.values_of(name))
 
 
-def is_device_copy(call, env) -> bool:
+def is_device_copy(call, env, ancestors: tuple[cst.CSTNode, ...] | None = None) -> bool:
+    """`x.to(device)`, `x.cuda()`, ... of a tensor not already there; `ancestors`: where the call stands
+    (a Site's), so that an earlier move of `x` in the same iteration is seen."""
     m = method_call(call)
     if m is None:
         return False
@@ -125,7 +127,8 @@ def is_device_copy(call, env) -> bool:
     else:
         return False
     # a tensor made or moved there already copies nothing: a true finding, but no breaker
-    return env.kind_of(receiver) not in (MODEL, DDP, LOSS) and not env.is_host(receiver) and not is_on_device(receiver, env)
+    where = (call, ancestors) if ancestors is not None else None
+    return env.kind_of(receiver) not in (MODEL, DDP, LOSS) and not env.is_host(receiver) and not is_on_device(receiver, env, where=where)
 
 
 def _module_brought_back(call, env, offloaded: set[str]) -> bool:
@@ -194,7 +197,7 @@ def check(ck):
                 False,
             )
             continue
-        if not is_device_copy(call, env):
+        if not is_device_copy(call, env, site.ancestors):
             continue
         receiver = call.func.value
         values = step_values if site.block is ck.region.body_block else site.block.env.scope.values

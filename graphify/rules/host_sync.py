@@ -5,11 +5,11 @@ import libcst as cst
 from graphify.analysis.checker import (
     code_of,
     is_host_move,
-    is_logging_call,
     is_true,
     kwarg,
 )
 from graphify.analysis.calls import method_call
+from graphify.analysis.logging_calls import is_logging_call
 from graphify.analysis.names import dotted
 from graphify.analysis.vocabulary import DDP, LOSS, MODEL
 from graphify.rules.host_tensors import host_batch_names, model_output, on_host

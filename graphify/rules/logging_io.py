@@ -2,7 +2,8 @@
 
 import libcst as cst
 
-from graphify.analysis.checker import code_of, is_logging_call
+from graphify.analysis.checker import code_of
+from graphify.analysis.logging_calls import is_logging_call
 from graphify.analysis.calls import is_periodic_gpu_branch, method_call
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import walk
