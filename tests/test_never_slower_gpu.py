@@ -68,7 +68,7 @@ def test_replays_not_faster_leave_the_step_eager_with_one_warning(monkeypatch):
     monkeypatch.setattr(common, "MIN_LOOP_GAIN", 1e9)
     expected, _, _ = _train(lambda f: f)
     got, step, messages = _train(CapturedStep)
-    assert len(messages) == 1 and "`train_step` runs eagerly: no gain expected: measured in its loop, a step took" in messages[0], messages
+    assert len(messages) == 1 and "train_step` runs eagerly: no gain expected: measured in its loop, a step took" in messages[0], messages
     assert step.state.graphs == {} and step.state.disabled.startswith("no gain expected")
     _close(got, expected)
 

@@ -15,7 +15,8 @@ parser.add_argument("--channels", type=int, default=16)
 args = parser.parse_args()
 
 torch.manual_seed(0)
-device = torch.device("cuda")
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 images = torch.randn(2048, 3, 32, 32)
 labels = torch.randint(0, 10, (2048,))
 loader = DataLoader(TensorDataset(images, labels), batch_size=128, drop_last=True)
@@ -35,7 +36,7 @@ model.eval()
 marks = []
 done = 0
 total_loss, correct, seen = 0.0, 0, 0
-torch.cuda.synchronize()
+sync()
 started = time.perf_counter()
 with torch.no_grad():
     while done < args.steps:
@@ -47,11 +48,11 @@ with torch.no_grad():
             seen += y.numel()
             done += 1
             if done == args.steps // 2:
-                torch.cuda.synchronize()
+                sync()
                 marks.append(time.perf_counter())
             if done == args.steps:
                 break
-torch.cuda.synchronize()
+sync()
 ended = time.perf_counter()
 print(f"loss {total_loss / seen:.6f} accuracy {correct / seen:.4f}")
 print(f"loop s {ended - started:.4f} steady ms/step {(ended - marks[0]) * 1e3 / (args.steps - args.steps // 2):.4f}")

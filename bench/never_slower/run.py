@@ -7,8 +7,9 @@ Each form is a small user-style script in this folder, rewritten by graphify as 
 * nan_guard_model.py: a NaN guard reads the loss every step, so only the model is graphed (GraphedModule);
 * eval_loop.py: an evaluation loop rewritten whole (an inference step, CapturedStep under no_grad).
 
-Every version runs as its own process, in turns (eager, rewrite, rewrite with GRAPHIFY_CAPTURE=always, and
-again), `--repeats` times. Each prints its whole loop's time (warmup, capture and the runtime's trial
+One process per form runs its versions in turns (eager, rewrite, rewrite with GRAPHIFY_CAPTURE=always, and
+again), `--repeats` times, each run a fresh execution of the script (runpy: new objects, new step functions,
+new graphs; the CUDA context and the imports are shared, so start-up is paid once). Each prints its whole loop's time (warmup, capture and the runtime's trial
 included) and the time per step over the second half. The ratio is eager's time over the rewrite's (median
 of the repeats; above 1 is faster); the forced rewrite keeps its graphs whatever the runtime measures, and
 shows what capture alone does. The runtime's decisions (its "runs eagerly" warnings) are printed beside.
@@ -42,7 +43,7 @@ VERSIONS = ("eager", "rewrite", "forced")
 NOISE_FLOOR = 0.03  # ratios within 3% of 1 are noise, whatever the spread
 
 
-def rewrite(form: str, folder: Path) -> dict:
+def rewrite(form: str, folder: Path) -> None:
     from graphify.rewrite import rewrite_source
 
     source = (HERE / f"{form}.py").read_text()
@@ -51,25 +52,53 @@ def rewrite(form: str, folder: Path) -> dict:
     assert FORMS[form][1] in result.code, f"{form}: not rewritten as {FORMS[form][0]}"
     (folder / f"{form}-eager.py").write_text(source)
     (folder / f"{form}-rewrite.py").write_text(result.code)
-    return {"eager": folder / f"{form}-eager.py", "rewrite": folder / f"{form}-rewrite.py", "forced": folder / f"{form}-rewrite.py"}
 
 
 def run_once(script: Path, version: str, steps: int) -> dict:
+    """One run of a script in this process, as `python SCRIPT --steps N` would run it."""
+    import contextlib
+    import io
+    import runpy
+    import warnings
+
+    os.environ.pop("GRAPHIFY_CAPTURE", None)
+    if version == "forced":
+        os.environ["GRAPHIFY_CAPTURE"] = "always"
+    argv, sys.argv = sys.argv, [str(script), "--steps", str(steps)]
+    out = io.StringIO()
+    try:
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
+            warnings.simplefilter("always")
+            runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = argv
+        os.environ.pop("GRAPHIFY_CAPTURE", None)
+    text = out.getvalue()
+    match = re.search(r"loop s ([0-9.]+) steady ms/step ([0-9.]+)", text)
+    decisions = sorted({str(w.message) for w in caught if type(w.message).__name__ == "GraphifyFallbackWarning"})
+    return {"loop_s": float(match.group(1)), "steady_ms": float(match.group(2)), "decisions": decisions, "result": text.splitlines()[0]}
+
+
+def worker(form: str, folder: Path, steps: int, repeats: int) -> None:
+    """The runs of one form, versions in turns: one JSON line of results."""
+    scripts = {v: folder / f"{form}-{'eager' if v == 'eager' else 'rewrite'}.py" for v in VERSIONS}
+    runs = {v: [] for v in VERSIONS}
+    run_once(scripts["eager"], "eager", steps)  # untimed: one-time costs (lazy loading, the allocator's first blocks) paid by no version
+    for _ in range(repeats):
+        for version in VERSIONS:
+            runs[version].append(run_once(scripts[version], version, steps))
+    print("RESULT " + json.dumps(runs))
+
+
+def run_form(form: str, folder: Path, steps: int, repeats: int) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     env.pop("GRAPHIFY_CAPTURE", None)
-    if version == "forced":
-        env["GRAPHIFY_CAPTURE"] = "always"
-    run = subprocess.run([sys.executable, str(script), "--steps", str(steps)], capture_output=True, text=True, env=env, timeout=300)
-    if run.returncode != 0:
-        raise SystemExit(f"{script.name} ({version}) failed:\n{run.stderr[-3000:]}")
-    match = re.search(r"loop s ([0-9.]+) steady ms/step ([0-9.]+)", run.stdout)
-    decisions = sorted({m.strip() for m in re.findall(r"GraphifyFallbackWarning: (.*)", run.stderr)})
-    return {
-        "loop_s": float(match.group(1)),
-        "steady_ms": float(match.group(2)),
-        "decisions": decisions,
-        "result": run.stdout.splitlines()[0],
-    }
+    command = [sys.executable, __file__, "--worker", form, "--folder", str(folder), "--steps", str(steps), "--repeats", str(repeats)]
+    run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    if run.returncode != 0 or not lines:
+        raise SystemExit(f"{form} failed:\n{run.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def summarize(runs: dict) -> dict:
@@ -90,18 +119,22 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--forms", default=",".join(FORMS))
     parser.add_argument("--out", type=Path, default=None, help="folder for never_slower.json")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--folder", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.folder, args.steps, args.repeats)
+        return 0
     import torch
 
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; {args.repeats} repeats of {args.steps} steps, versions in turns")
+    print(
+        f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU (no timing meaning)'}; {args.repeats} repeats of {args.steps} steps, versions in turns"
+    )
     report, failed = {}, False
     with tempfile.TemporaryDirectory() as tmp:
         for form in args.forms.split(","):
-            scripts = rewrite(form, Path(tmp))
-            runs = {v: [] for v in VERSIONS}
-            for _ in range(args.repeats):
-                for version in VERSIONS:
-                    runs[version].append(run_once(scripts[version], version, args.steps))
+            rewrite(form, Path(tmp))
+            runs = run_form(form, Path(tmp), args.steps, args.repeats)
             summary = summarize(runs)
             report[form] = {"runs": runs, **summary}
             failed |= not summary["never_slower"]

@@ -14,7 +14,8 @@ parser.add_argument("--width", type=int, default=256)
 args = parser.parse_args()
 
 torch.manual_seed(0)
-device = torch.device("cuda")
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 features = torch.randn(4096, 64)
 targets = features[:, :8].sum(1, keepdim=True).tanh()
 loader = DataLoader(TensorDataset(features, targets), batch_size=64, shuffle=True, drop_last=True)
@@ -25,7 +26,7 @@ optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 
 marks = []
 done = 0
-torch.cuda.synchronize()
+sync()
 started = time.perf_counter()
 while done < args.steps:
     for x, y in loader:
@@ -36,11 +37,11 @@ while done < args.steps:
         optimizer.step()
         done += 1
         if done == args.steps // 2:
-            torch.cuda.synchronize()
+            sync()
             marks.append(time.perf_counter())
         if done == args.steps:
             break
-torch.cuda.synchronize()
+sync()
 ended = time.perf_counter()
 print(f"loss {loss.item():.6f}")
 print(f"loop s {ended - started:.4f} steady ms/step {(ended - marks[0]) * 1e3 / (args.steps - args.steps // 2):.4f}")
