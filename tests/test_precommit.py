@@ -55,7 +55,8 @@ def git(*args, cwd):
 
 
 def hook_repo(tmp: Path) -> tuple[Path, str]:
-    """A git repository holding the current working tree (committed or not), tagged as a release, and its tag."""
+    """A git repository holding the current working tree (committed or not), and the full hash of its
+    commit: no release is tagged, so the README pins a clone's commit, as these tests do."""
     dest = tmp / "graphify-hook"
     keep = ["graphify", "pyproject.toml", "README.md", ".pre-commit-hooks.yaml"]
     for name in keep:
@@ -67,10 +68,9 @@ def hook_repo(tmp: Path) -> tuple[Path, str]:
     git("init", "-q", cwd=dest)
     git("add", "-A", cwd=dest)
     git("commit", "-q", "-m", "hook", cwd=dest)
-    # hooks are used from a tagged release: the tag of the version in pyproject.toml
-    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), flags=re.M).group(1)
-    git("tag", "-a", f"v{version}", "-m", f"graphify {version}", cwd=dest)
-    return dest, f"v{version}"
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=dest, check=True, capture_output=True, text=True).stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{40}", commit)
+    return dest, commit
 
 
 @pytest.fixture(scope="module")
