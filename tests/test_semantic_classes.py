@@ -717,3 +717,46 @@ def test_a_tensor_still_on_the_host_is_copied_whatever_came_before():
     source = _MOVED_EARLIER.format(y_binding="y.float()", line="z = torch.cat([y[:, :2], x], dim=1).to(device)")
     report = analyze_source(_HEADER + textwrap.dedent(source), "train.py", Settings())
     assert [d.line for d in report.diagnostics if d.code == "GFY301"] == [9, 11]
+
+
+# ---- 2. (cont.) branches on values fixed for the run: every test of an if/elif chain keys the graph -----
+
+_BRANCHED_STEP = """
+def train(model, loader, opt, args, device):
+    counted = 0
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        opt.zero_grad()
+        if args.decoder == "attention":
+            counted += 1
+            out = model(x)
+            target = y
+        {alternatives}
+        loss = F.mse_loss(out, target)
+        loss.backward()
+        opt.step()
+"""
+
+_ALTERNATIVES = {
+    "elif_else": 'elif args.decoder == "fc":\n            out = model(x) * 2\n            target = y\n        else:\n            out = model(x) + 1\n            target = {"t": y}["t"]',
+    "else_binding": 'else:\n            out = model(x) + 1\n            target = {"t": y}["t"]',
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ALTERNATIVES))
+def test_every_test_of_a_branch_chain_keys_the_graph(name):
+    result = _outcomes(_BRANCHED_STEP.format(alternatives=_ALTERNATIVES[name]))
+    (loop,) = _train_loops(result)
+    assert loop.rewritten and not loop.model_only, loop.reasons
+    tests = '(args.decoder == "attention", args.decoder == "fc",)' if name == "elif_else" else '(args.decoder == "attention",)'
+    assert f"key={tests}" in result.code
+
+
+@pytest.mark.parametrize("name", sorted(_ALTERNATIVES))
+def test_host_statements_split_off_a_branch_run_once_and_bindings_the_step_reads_stay_in_it(name):
+    code = _outcomes(_BRANCHED_STEP.format(alternatives=_ALTERNATIVES[name])).code
+    replay = code[code.index("key=") :]
+    assert 'if args.decoder == "attention":\n            counted += 1\n' in replay  # the counter runs after the replay
+    assert "model(x)" not in replay  # and no branch's GPU work runs again there
+    step = code[code.index("def train_step") : code.index("key=")]
+    assert "target = y" in step and "counted" not in step

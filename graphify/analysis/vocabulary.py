@@ -124,6 +124,9 @@ def is_host_method(name: str) -> bool:
 
 
 # Roots of configuration objects (argparse namespaces, configs): their attributes are host values.
+# the host's clocks: reading one changes nothing (a step timed after the replay measures the replay)
+HOST_CLOCKS = {"time.time", "time.perf_counter", "time.monotonic", "time.process_time", "time.time_ns", "time.perf_counter_ns"}
+HOST_CLOCKS |= {"datetime.datetime.now", "datetime.datetime.utcnow", "timeit.default_timer"}
 CONFIG_ROOTS = {"args", "opt", "opts", "config", "cfg", "conf", "hparams", "hp", "FLAGS", "flags", "settings", "options"}
 
 # torch.* callables that do not return a tensor on the device.

@@ -75,6 +75,40 @@ class Plan:
     eager: list = field(default_factory=list)
 
 
+@dataclass
+class IfChain:
+    """`if a: ... elif b: ... else: ...`: the tests in order, and each branch's statements (the `else`'s last)."""
+
+    tests: list[cst.BaseExpression]
+    branches: list[list[cst.BaseStatement]]
+    has_else: bool
+    one_line: bool  # some branch is written on the `if`'s line
+
+
+def if_chain(stmt: cst.If) -> IfChain:
+    chain, node = IfChain([], [], False, False), stmt
+    while True:
+        chain.tests.append(node.test)
+        chain.branches.append(list(node.body.body) if isinstance(node.body, cst.IndentedBlock) else [])
+        chain.one_line |= not isinstance(node.body, cst.IndentedBlock)
+        if isinstance(node.orelse, cst.If):
+            node = node.orelse
+            continue
+        if isinstance(node.orelse, cst.Else):
+            chain.has_else = True
+            chain.branches.append(list(node.orelse.body.body) if isinstance(node.orelse.body, cst.IndentedBlock) else [])
+            chain.one_line |= not isinstance(node.orelse.body, cst.IndentedBlock)
+        return chain
+
+
+def is_pure_binding(stmt: cst.CSTNode) -> bool:
+    """`targets = {"target": batch["target"]}`: names bound to containers, items or attributes of values,
+    with no call: it runs the same at capture as at every replay."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or not all(isinstance(s, cst.Assign) for s in stmt.body):
+        return False
+    return not any(isinstance(n, (cst.Call, cst.Await, cst.Yield)) for s in stmt.body for n in walk(s.value))
+
+
 def body_of(loop: Loop) -> list[cst.BaseStatement]:
     body = loop.node.body
     return list(body.body) if isinstance(body, cst.IndentedBlock) else []

@@ -20,7 +20,7 @@ from graphify.analysis.region import Site
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import is_host_read_call, names_read, names_written, walk
 from graphify.analysis.tree import children
-from graphify.analysis.vocabulary import DDP, MODEL, OPTIMIZER, SCALER
+from graphify.analysis.vocabulary import DDP, HOST_CLOCKS, MODEL, OPTIMIZER, SCALER
 from graphify.rules.distributed import SYNC_FLAG
 from graphify.rules.rewrite_safety import HOST_SIDE_EFFECT, LOOP_SHAPE, MUTATED_STATE, ORDER
 
@@ -347,6 +347,8 @@ def _moved_effect(n, site, later: set[str], followed: set[int]) -> str | None:
     if isinstance(n.func, cst.Name) and n.func.value in _PURE_BUILTINS:
         return None
     qual = env.qualify(n.func) or ""
+    if qual in HOST_CLOCKS:
+        return None
     if qual.startswith("torch.") and qual.split(".")[-1] in _PROCESS_STATE:
         return f"`{code}` changes what the step runs under (grad mode, random seeds, defaults)"
     if qual.split(".")[-1] in _DEVICE_RANDOM or (qual.startswith("torch.") and qual.split(".")[-1] in RANDOM_FACTORIES and _on_device(n)):

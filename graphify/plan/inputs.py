@@ -14,7 +14,7 @@ from graphify.analysis.statements import (
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
 from graphify.plan import dataflow
-from graphify.plan.base import Plan, is_shape_read, rebound_in_loop
+from graphify.plan.base import Plan, if_chain, is_shape_read, rebound_in_loop
 from graphify.plan.draws import replace_draws
 from graphify.rules.rewrite_safety import (
     HOST_BRANCH_IN_STEP,
@@ -87,8 +87,9 @@ def _refuse_outputs_bound_on_some_steps(plan: Plan, body: list[cst.BaseStatement
 
 
 def _bound_on_every_outcome(stmt: cst.If, name: str) -> bool:
-    """`if use_amp: loss = ... else: loss = ...`: both branches bind the name."""
-    return isinstance(stmt.orelse, cst.Else) and name in names_written(stmt.body) and name in names_written(stmt.orelse.body)
+    """`if use_amp: loss = ... else: loss = ...`: every branch, an `else` among them, binds the name."""
+    chain = if_chain(stmt)
+    return chain.has_else and all(name in set().union(*map(names_written, branch)) for branch in chain.branches)
 
 
 def _target_slots(target: cst.BaseExpression) -> list[cst.BaseExpression]:
@@ -225,8 +226,8 @@ def is_shape_value(name: str, body) -> bool:
 def _only_in_keys(name: str, plan: Plan, body) -> bool:
     for i in plan.graph:
         stmt = body[i]
-        if i in plan.keys:
-            reads = set().union(*(names_read(s) for s in stmt.body.body)) if isinstance(stmt.body, cst.IndentedBlock) else set()
+        if i in plan.keys:  # the tests are the graph's key: what the branches read is in the step
+            reads = set().union(*(names_read(s) for branch in if_chain(stmt).branches for s in branch))
             if name in reads:
                 return False
         elif name in names_read(stmt):

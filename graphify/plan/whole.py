@@ -36,6 +36,8 @@ from graphify.plan.base import (
     ReplaceNodes,
     body_nodes_of,
     body_of,
+    if_chain,
+    is_pure_binding,
     device_in_loop_scope,
     has_side_effects,
     in_loop_scope,
@@ -202,7 +204,7 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> 
             plan.graph.append(i)
             graph_writes |= writes
             if isinstance(stmt, cst.If):
-                _plan_keyed_if(plan, i, stmt, env, refuse)
+                _plan_keyed_if(plan, i, stmt, env, later_reads, refuse)
                 host = [stmt.body.body[k] for k in plan.split_ifs.get(i, [])]
                 _refuse_rebound(host, set().union(*(names_written(body[j]) for j in span[pos + 1 :])), refuse)
             continue
@@ -327,19 +329,37 @@ def _is_periodic_branch(body: list[cst.BaseStatement], index: int, anchors: list
     return not names_written(stmt) & step_reads
 
 
-def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env, refuse) -> None:
+def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env, read_after: set[str], refuse) -> None:
+    """A host branch whose branches do GPU work: the key holds every test's outcome (`if a: ... elif b: ...
+    else: ...` keys on `a` and `b`), so each way through gets its graph. Host statements of the `if`'s own
+    branch are split out to run eagerly; in an `elif` or `else` only statements that run the same at
+    capture as at every replay may stand beside the GPU work (bindings of items and containers)."""
     if env._tensor(stmt.test, 0) is True:
         return
-    if not isinstance(stmt.body, cst.IndentedBlock):
+    chain = if_chain(stmt)
+    if chain.one_line:
         return refuse(HOST_BRANCH_IN_STEP, stmt, "a one-line host branch inside the step")
-    if stmt.orelse is not None:
-        # the key holds the test's outcome, so each branch gets its graph; an `elif` would decide inside the step
-        if not isinstance(stmt.orelse, cst.Else) or not isinstance(stmt.orelse.body, cst.IndentedBlock):
-            return refuse(HOST_BRANCH_IN_STEP, stmt, "a host branch with `elif` inside the step")
-        if not all(does_gpu_work(s, env) for s in stmt.orelse.body.body):
-            return refuse(HOST_BRANCH_IN_STEP, stmt.orelse, "host statements in the `else` branch of a host branch inside the step")
+    if any(env._tensor(test, 0) is True for test in chain.tests[1:]):
+        return refuse(HOST_BRANCH_IN_STEP, stmt, "an `elif` on a tensor value inside the step")
+    for branch in chain.branches[1:]:
+        if not all(does_gpu_work(s, env) or is_pure_binding(s) for s in branch):
+            return refuse(
+                HOST_BRANCH_IN_STEP, stmt.orelse, "host statements in an `elif` or `else` branch of a host branch inside the step"
+            )
     plan.keys.append(index)
-    host = [k for k, s in enumerate(stmt.body.body) if not does_gpu_work(s, env)]
+    # host statements of the branch leave the step, unless the step reads what they bind (`target = y`,
+    # then `loss(out, target)`): a binding then stays in the graph, anything else cannot be split off
+    branch, host = list(stmt.body.body), []
+    for k, s in enumerate(branch):
+        if does_gpu_work(s, env):
+            continue
+        needed = names_written(s) & (read_after | set().union(*(names_read(t) for t in branch[k + 1 :])))
+        if needed and not is_pure_binding(s):
+            return refuse(
+                HOST_BRANCH_IN_STEP, s, f"a host statement of a branch inside the step binds `{min(needed)}`, which the step reads"
+            )
+        if not needed:
+            host.append(k)
     if host:
         plan.split_ifs[index] = host
 

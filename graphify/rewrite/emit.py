@@ -10,6 +10,7 @@ import libcst as cst
 from graphify.analysis.names import dotted
 from graphify.plan import PartialPlan, Plan
 from graphify.plan.draws import draw_statement, drawn_value
+from graphify.plan.base import if_chain
 
 CAPTURED_STEP, GRAPHED_MODULE, DDP_BUILDER = "CapturedStep", "GraphedModule", "build_on_capture_stream"
 
@@ -43,6 +44,22 @@ def _with_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
         )
     )
     return call.with_changes(args=args)
+
+
+def _moved_after(plan: Plan, stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """What runs eagerly after the replay, in source order: statements moved after the step, the host
+    half of statements split by the planner, and the host statements of keyed branches."""
+    moved = []
+    for i in sorted(plan.after + plan.tail + list(plan.split_ifs) + list(plan.hoisted)):
+        if i in plan.hoisted:
+            moved.append(plan.hoisted[i][1])
+        elif i in plan.split_ifs:
+            # the branch's host statements only: its `elif`/`else` branches ran in the graph
+            host = [stmts[i].body.body[k] for k in plan.split_ifs[i]]
+            moved.append(stmts[i].with_changes(body=stmts[i].body.with_changes(body=host), orelse=None))
+        else:
+            moved.append(stmts[i])
+    return moved
 
 
 class Rewriter(cst.CSTTransformer):
@@ -140,7 +157,7 @@ class Rewriter(cst.CSTTransformer):
 
         key = ""
         if plan.keys:
-            tests = [_EMPTY.code_for_node(stmts[i].test) for i in plan.keys]
+            tests = [_EMPTY.code_for_node(test) for i in plan.keys for test in if_chain(stmts[i]).tests]
             key = f", key=({', '.join(tests)},)"
         call = f"{emission.step_name}({params}{key})"
         if plan.outputs:
@@ -167,16 +184,7 @@ class Rewriter(cst.CSTTransformer):
                     )
                 ]
             )
-        after = sorted(plan.after + plan.tail + list(plan.split_ifs) + list(plan.hoisted))
-        moved_after = []
-        for i in after:
-            if i in plan.hoisted:
-                moved_after.append(plan.hoisted[i][1])
-            elif i in plan.split_ifs:
-                host = [stmts[i].body.body[k] for k in plan.split_ifs[i]]
-                moved_after.append(stmts[i].with_changes(body=stmts[i].body.with_changes(body=host)))
-            else:
-                moved_after.append(stmts[i])
+        moved_after = _moved_after(plan, stmts)
         body = (
             [s for i, s in enumerate(stmts[: plan.first]) if i not in plan.pulled_in]
             + [stmts[i] for i in plan.before]
