@@ -760,3 +760,24 @@ def test_host_statements_split_off_a_branch_run_once_and_bindings_the_step_reads
     assert "model(x)" not in replay  # and no branch's GPU work runs again there
     step = code[code.index("def train_step") : code.index("key=")]
     assert "target = y" in step and "counted" not in step
+
+
+def test_a_list_of_records_built_by_the_function_holds_no_tensors():
+    """`for phase in phases` over dicts the function appended (a StyleGAN-style phase list): a test on
+    `phase["name"]` is a host branch, not a tensor one; what blocks is that each phase is another step."""
+    source = """
+    def training_loop(G, D, loader, device):
+        phases = []
+        for name, module in [("G", G), ("D", D)]:
+            phases.append(dict(name=name, module=module, opt=torch.optim.Adam(module.parameters())))
+        for real, _ in loader:
+            real = real.to(device)
+            for phase in phases:
+                phase["opt"].zero_grad(set_to_none=True)
+                z = torch.randn(real.shape[0], 512, device=device)
+                loss = phase["module"](z).mean() if phase["name"] == "G" else D(real).mean()
+                loss.backward()
+                phase["opt"].step()
+    """
+    codes = _codes(source)
+    assert "GFY103" not in codes and "GFY701" in codes

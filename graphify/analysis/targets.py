@@ -6,6 +6,7 @@ from __future__ import annotations
 import libcst as cst
 
 from graphify.analysis.names import dotted
+from graphify.analysis.tree import descendants
 from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import LOADER, SAME_ITEMS
 
@@ -68,7 +69,7 @@ def seed_loop_target(target: cst.BaseExpression, it: cst.BaseExpression, env: En
         return
     iterable = dotted(it)
     kind = env.kind_of(it) if iterable else None
-    if kind is None and _host_sequence(it, env):  # `for t, t_next in time_pairs`, pairs of ints from `.tolist()`
+    if kind is None and (_host_sequence(it, env) or _list_of_records(it, env)):  # `for t, t_next in time_pairs`, pairs of ints from `.tolist()`
         for n in _target_leaves(target):
             seeds.setdefault(n, False)
     elif kind in (LOADER, None) and env._tensor(it, 0) is not False:
@@ -95,6 +96,29 @@ def _host_sequence(expr: cst.BaseExpression, env: Env, depth: int = 0) -> bool:
         values = env.values_of(expr.value)
         return bool(values) and all(_host_sequence(v, env, depth + 1) for v in values)
     return False
+
+
+def _list_of_records(expr: cst.BaseExpression, env: Env) -> bool:
+    """A list the function builds of dicts (`phases = []` then `phases.append(dict(name=..., opt=...))`, or
+    `[{"name": "G", ...}, ...]`): each item is a record of objects, not a tensor."""
+    if not isinstance(expr, cst.Name):
+        return False
+    values = env.values_of(expr.value)
+    if not values or not all(isinstance(v, (cst.List, cst.Tuple)) for v in values):
+        return False
+    items = [e.value for v in values for e in v.elements]
+    body = getattr(env.func, "node", None) or getattr(env.module, "tree", None)
+    for n in descendants(body) if body is not None else ():
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "append":
+            if dotted(n.func.value) == expr.value and n.args:
+                items.append(n.args[0].value)
+    return bool(items) and all(_is_record(item, env) for item in items)
+
+
+def _is_record(expr: cst.BaseExpression, env: Env) -> bool:
+    if isinstance(expr, cst.Dict):
+        return True
+    return isinstance(expr, cst.Call) and (env.qualify(expr.func) or "") in ("dict", "types.SimpleNamespace", "argparse.Namespace")
 
 
 def _target_leaves(target: cst.BaseExpression) -> list[str]:
