@@ -781,3 +781,36 @@ def test_a_list_of_records_built_by_the_function_holds_no_tensors():
     """
     codes = _codes(source)
     assert "GFY103" not in codes and "GFY701" in codes
+
+
+@pytest.mark.parametrize("call", ["model.encode(x)", "model.backbone(x)", "model.log_probs(x)", "model.forward(x)"])
+def test_a_model_method_or_submodule_that_runs_it_is_a_model_call(call):
+    """An inference loop whose step calls a model's method (not its `__call__`) is found and captured."""
+    source = f"""
+    def evaluate(model, loader, device):
+        model.eval()
+        outs = []
+        with torch.no_grad():
+            for x, _ in loader:
+                x = x.to(device)
+                outs.append({call})
+        return outs
+    """
+    result = _outcomes(source)
+    assert [(o.kind, o.rewritten) for o in result.outcomes] == [("inference", True)]
+    # appended inline: captured as an output, appended after the replay, as a copy the next replay keeps
+    assert "outs_item = inference_step.copy(outs_item)\n            outs.append(outs_item)" in result.code
+
+
+@pytest.mark.parametrize("call", ["model.to(device)", "model.parameters()", "tokenizer.batch_decode(x)", "d.startswith('a')"])
+def test_upkeep_tokenizers_and_strings_are_no_model_calls(call):
+    source = f"""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained("bert-base-uncased")
+
+    def evaluate(model, loader, device, d):
+        with torch.no_grad():
+            for x, _ in loader:
+                {call}
+    """
+    assert not analyze_source(_HEADER + textwrap.dedent(source), "train.py", Settings()).loops

@@ -188,8 +188,9 @@ def test_gradient_accumulation_beside_freezing_is_refused(tmp_path):
     assert "CapturedStep(" not in result.code and "GFY703" in result.outcomes[0].reasons
 
 
-def test_predictions_collected_inside_the_step_are_refused(tmp_path):
-    """`preds.append(model(x))` captured: capture would append once, and replays nothing."""
+def test_predictions_collected_inside_the_step_are_appended_after_each_replay(tmp_path):
+    """`preds.append(model(x))`: the model call is captured, the append runs after each replay, of a copy
+    (captured whole, it would append once, at capture)."""
     result = _rewritten(
         """
         preds = []
@@ -200,7 +201,9 @@ def test_predictions_collected_inside_the_step_are_refused(tmp_path):
         """,
         tmp_path,
     )
-    assert "CapturedStep(" not in result.code and "GFY703" in result.outcomes[0].reasons
+    assert (
+        "CapturedStep(" in result.code and "preds_item = inference_step.copy(preds_item)\n        preds.append(preds_item)" in result.code
+    )
 
 
 def test_a_yield_in_an_inference_loop_is_refused(tmp_path):

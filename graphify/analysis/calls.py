@@ -10,7 +10,7 @@ from graphify.analysis.names import dotted
 from graphify.analysis.tree import children, memo
 from graphify.analysis.values import Env
 from graphify.analysis.tree import returns
-from graphify.analysis.vocabulary import DDP, ENV, LOADER, MODEL, OPTIMIZER, SCALER
+from graphify.analysis.vocabulary import DDP, ENV, LOADER, MODEL, OPTIMIZER, SCALER, computes_per_step
 
 NO_GRAD = ("no_grad", "inference_mode")
 # Tested with `type(n) in`: libcst's node classes have no subclasses, and isinstance on their
@@ -40,9 +40,12 @@ def is_optimizer_step(call: cst.Call, env: Env) -> bool:
 
 
 def is_model_call(call: cst.Call, env: Env) -> bool:
-    if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("forward", "generate"):
-        return env.kind_of(call.func.value) in (MODEL, DDP)
-    return env.kind_of(call.func) in (MODEL, DDP)
+    """`model(x)`, and a model's method or submodule that runs it: `model.forward(x)`, `model.encode(x)`,
+    `model.transformer(x)` (not `model.to(device)` or `model.parameters()`)."""
+    if env.kind_of(call.func) in (MODEL, DDP):
+        return True
+    func = call.func
+    return isinstance(func, cst.Attribute) and computes_per_step(func.attr.value) and env.kind_of(func.value) in (MODEL, DDP)
 
 
 def is_no_grad_item(expr: cst.BaseExpression, env: Env) -> bool:

@@ -69,7 +69,9 @@ def seed_loop_target(target: cst.BaseExpression, it: cst.BaseExpression, env: En
         return
     iterable = dotted(it)
     kind = env.kind_of(it) if iterable else None
-    if kind is None and (_host_sequence(it, env) or _list_of_records(it, env)):  # `for t, t_next in time_pairs`, pairs of ints from `.tolist()`
+    if kind is None and (
+        _host_sequence(it, env) or _list_of_records(it, env)
+    ):  # `for t, t_next in time_pairs`, pairs of ints from `.tolist()`
         for n in _target_leaves(target):
             seeds.setdefault(n, False)
     elif kind in (LOADER, None) and env._tensor(it, 0) is not False:

@@ -41,6 +41,8 @@ from graphify.analysis.vocabulary import (
 _HOST_LITERALS = frozenset((cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
 
 
+# what `from_pretrained` also builds, besides models: classes named so
+_NOT_MODELS = ("Tokenizer", "TokenizerFast", "Processor", "Config", "FeatureExtractor", "ImageProcessor", "Scheduler", "GenerationConfig")
 # loss scalers that own a GradScaler: torch's own, timm's and the MAE/DeiT helpers built on it
 _SCALER_CLASSES = {"GradScaler", "ShardedGradScaler", "NativeScaler", "NativeScalerWithGradNormCount"}
 # factories named after what they build: `create_optimizer_v2`, `build_model`, `get_scheduler`
@@ -197,6 +199,8 @@ class Env:
         factory = _FACTORY.match(last)
         if factory is not None and kind_by_name(factory.group(1)) in (MODEL, OPTIMIZER, SCHEDULER, SCALER, LOADER):
             return kind_by_name(factory.group(1))  # create_optimizer_v2(...), build_model(cfg)
+        if any(part.endswith(_NOT_MODELS) for part in qual.split(".")[-2:]):
+            return None  # AutoTokenizer.from_pretrained(...), BertConfig(...): no model
         if qual.startswith(("torchvision.models", "timm.models.", "timm.task.", "transformers.")) or qual == "timm.create_model":
             return MODEL
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == "from_pretrained":

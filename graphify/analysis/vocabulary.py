@@ -123,10 +123,26 @@ def is_host_method(name: str) -> bool:
     return name in HOST_METHODS or is_tensor_metadata_method(name)
 
 
-# Roots of configuration objects (argparse namespaces, configs): their attributes are host values.
+# a module's methods that move, convert or configure it: they compute nothing per step
+MODULE_UPKEEP = {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "requires_grad_", "apply", "load_state_dict"}
+MODULE_UPKEEP |= {"share_memory", "get_submodule", "get_parameter", "add_module", "extra_repr", "fit", "no_sync", "join"}
+MODULE_UPKEEP |= {"step", "copy_to", "store", "restore"}  # an EMA copy of the model, updated after the optimizer
+# methods of strings, lists and dicts: a value taken for a model by its name (`d`, `g`) is no model then
+MODULE_UPKEEP |= {"startswith", "endswith", "split", "join", "replace", "format", "strip", "lower", "upper", "get", "pop"}
+MODULE_UPKEEP |= {"insert", "remove", "clear", "copy", "setdefault", "index", "count", "sort", "add", "discard"}
+_UPKEEP_PREFIXES = ("register_", "named_", "load_", "save_", "set_", "init_", "reset_", "update_")
+
+
+def computes_per_step(method: str) -> bool:
+    """Whether a model's method `model.<method>(...)` runs the model (`encode`, `log_probs`, a submodule's
+    forward), rather than moving, converting, configuring or reading it."""
+    return not (is_host_method(method) or method in MODULE_UPKEEP or method.startswith(_UPKEEP_PREFIXES))
+
+
 # the host's clocks: reading one changes nothing (a step timed after the replay measures the replay)
 HOST_CLOCKS = {"time.time", "time.perf_counter", "time.monotonic", "time.process_time", "time.time_ns", "time.perf_counter_ns"}
 HOST_CLOCKS |= {"datetime.datetime.now", "datetime.datetime.utcnow", "timeit.default_timer"}
+# Roots of configuration objects (argparse namespaces, configs): their attributes are host values.
 CONFIG_ROOTS = {"args", "opt", "opts", "config", "cfg", "conf", "hparams", "hp", "FLAGS", "flags", "settings", "options"}
 
 # torch.* callables that do not return a tensor on the device.

@@ -251,7 +251,8 @@ def _kept_in_loop(name: str, body, plan: Plan) -> bool:
     """An output read after the step only through `.item()`, `float()` or formatting needs no copy;
     anything that keeps the tensor (a list, a best-so-far, the next iteration) does, since the next
     replay overwrites it."""
-    return any(not ok for i in range(len(body)) if i not in plan.graph for ok, _ in _uses(body[i], name))
+    eager = [body[i] for i in range(len(body)) if i not in plan.graph] + [host for _, host in plan.hoisted.values()]
+    return any(not ok for stmt in eager for ok, _ in _uses(stmt, name))
 
 
 def _uses(stmt: cst.CSTNode, name: str):

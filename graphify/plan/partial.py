@@ -55,7 +55,10 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
     }
     scope = loop.func.node if loop.func.node is not None else loop.module.tree
     # target networks under no_grad, and actions picked with grad on (`argmax(q_network(obs))`), stay eager
-    model_calls = [c for c in calls if is_model_call(c, env) and id(c) not in without_grad and not _never_differentiated(c, body, scope)]
+    # a model's other methods (`vae.encode(x)`, `model.generate(...)`) stay eager, as any call of the loop body
+    model_calls = [
+        c for c in calls if _called_as_module(c, env) and id(c) not in without_grad and not _never_differentiated(c, body, scope)
+    ]
     passes = _models_passed_to_helpers(loop, {id(c) for c in calls}, without_grad, body, scope)
     names = [_module_called(c) for c in model_calls] + [dotted(p.model) for p in passes]
     if not names or None in names:
@@ -247,6 +250,13 @@ def _fills_host_buffer(node: cst.CSTNode | None, scope: cst.CSTNode, read_in_for
 def _is_fresh_array(value: cst.BaseExpression) -> bool:
     name = dotted(value.func) if isinstance(value, cst.Call) else None
     return name is not None and name.split(".")[0] in ("np", "numpy", "torch") and name.rsplit(".", 1)[-1] in _FRESH_ARRAYS
+
+
+def _called_as_module(call: cst.Call, env) -> bool:
+    """`model(x)`, `self.model(x)`, `model.forward(x)`: what a GraphedModule of the model would run."""
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "forward":
+        return env.kind_of(call.func.value) in (MODEL, DDP)
+    return env.kind_of(call.func) in (MODEL, DDP)
 
 
 def _module_called(call: cst.Call) -> str | None:

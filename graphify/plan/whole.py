@@ -13,6 +13,7 @@ import libcst as cst
 
 from graphify.analysis.checker import Finding, removable
 from graphify.analysis.calls import is_backward, is_model_call, is_step_op, method_call
+from graphify.analysis.names import dotted
 from graphify.analysis.region import Loop
 from graphify.analysis.statements import (
     collected_into,
@@ -187,7 +188,7 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> 
     rebound = rebound_in_loop(plan.loop)
     for pos, i in enumerate(span):
         stmt = body[i]
-        _hoist_host_reads(plan, i, stmt, env)
+        _split_off_host_work(plan, i, stmt, env)
         if i in plan.hoisted:
             plan.graph.append(i)
             graph_writes |= names_written(plan.hoisted[i][0])
@@ -284,6 +285,36 @@ def _pull_in_zero_grad(plan: Plan, body: list[cst.BaseStatement], env: Env) -> N
             or any(isinstance(n, cst.Attribute) and n.attr.value == "grad" for n in walk(stmt))
         ):
             return
+
+
+def _split_off_host_work(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env) -> None:
+    """A statement that mixes the step's GPU work with host work is split in two (plan.hoisted): the GPU
+    half is captured, the host half runs after the replay."""
+    _hoist_host_reads(plan, index, stmt, env)
+    if index not in plan.hoisted:
+        _hoist_collected(plan, index, stmt, env)
+
+
+_COLLECTING_METHODS = {"append", "extend"}
+
+
+def _hoist_collected(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env) -> None:
+    """Split `outputs.append(model(x))` into a captured assignment and the append after the replay (of a
+    copy: the next replay overwrites the graph's output)."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Expr):
+        return
+    call = stmt.body[0].value
+    m = method_call(call)
+    if m is None or m[1] not in _COLLECTING_METHODS or len(call.args) != 1 or call.args[0].keyword or call.args[0].star:
+        return
+    receiver, value = dotted(m[0]), call.args[0].value
+    if receiver is None or does_gpu_work(m[0], env) or not does_gpu_work(value, env) or is_side_computation(stmt, env):
+        return  # `losses.append(loss.detach())` runs after the step as it stands
+    name = fresh_name(f"{receiver.rsplit('.', 1)[-1]}_item", plan.loop.module.names)
+    captured = cst.parse_statement(f"{name} = {EMPTY.code_for_node(value)}")
+    host = stmt.visit(ReplaceNodes({id(value): cst.Name(name)}))
+    plan.hoisted[index] = (captured.with_changes(leading_lines=stmt.leading_lines), host.with_changes(leading_lines=[]))
+    plan.hoisted_reads.add(id(call))
 
 
 def _hoist_host_reads(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env) -> None:

@@ -14,7 +14,7 @@ from graphify.analysis.calls import is_delegated_step, is_model_call, is_periodi
 from graphify.analysis.checker import code_of
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import does_gpu_work
-from graphify.analysis.vocabulary import DDP, ENV, MODEL, SCALER, is_host_method
+from graphify.analysis.vocabulary import ENV, SCALER
 from graphify.rules.registry import rule
 
 PER_STEP_HOST_VALUE = rule(
@@ -197,17 +197,6 @@ def _host_random_draws(ck):
             )
 
 
-_MODULE_UPKEEP = {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "requires_grad_", "apply", "load_state_dict"}
-
-
-def _runs_model(call: cst.Call, env) -> bool:
-    """A model called, or one of its methods that computes (`actor.get_action(obs)`, not `model.to(device)`)."""
-    m = method_call(call)
-    if m is not None and not is_host_method(m[1]) and m[1] not in _MODULE_UPKEEP and env.kind_of(m[0]) in (MODEL, DDP):
-        return True
-    return is_model_call(call, env)
-
-
 def _host_interactions(ck):
     """An environment step or a replay-buffer call after the step has run a model and before its last
     backward/optimizer step (an RL loop acting, storing and sampling between the policy's forward and the
@@ -219,7 +208,7 @@ def _host_interactions(ck):
         if what is None:
             continue
         if models is None:
-            models = [_statement_position(ck, n, s) for n, s in ck.calls() if _runs_model(n, s.env)]
+            models = [_statement_position(ck, n, s) for n, s in ck.calls() if is_model_call(n, s.env)]
             steps = [_statement_position(ck, n, s) for n, s in ck.calls() if is_step_op(n, s.env)] if ck.loop.kind == "train" else models
         here = _statement_position(ck, node, site)
         if any(p < here for p in models) and any(p > here for p in steps):
