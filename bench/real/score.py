@@ -42,7 +42,8 @@ class Score:
     possible_rewritten: int = 0
     refused: int = 0  # labelled training loops found and left unchanged
     refused_with_real_blocker: int = 0  # of them, those whose stated reasons include a labelled breaker
-    over_promised: int = 0  # rewritten, though labelled not-capturable
+    over_promised: int = 0  # captured whole, though labelled not-capturable
+    graphed_beside_blockers: int = 0  # the model graphed alone, in a loop labelled not-capturable
     missed: list[str] = field(default_factory=list)
     false_alarms: list[str] = field(default_factory=list)
     loop_notes: list[str] = field(default_factory=list)
@@ -70,23 +71,27 @@ def load_labels(path: Path) -> dict:
 _POSSIBLE = {"capturable", "capturable-after-rewrite", "partially-capturable"}
 
 
-def score_rewrites(score: Score, labels: dict, diagnostics, outcomes: list[tuple[int, bool, list[str]]]) -> None:
-    """outcomes: (line, rewritten, reasons) of each loop `graphify rewrite` saw. A refusal names its real
+def score_rewrites(score: Score, labels: dict, diagnostics, outcomes: list[tuple[int, bool, list[str], bool]]) -> None:
+    """outcomes: (line, rewritten, reasons, model only) of each loop `graphify rewrite` saw. A refusal names its real
     blocker when one of its reason codes is reported on a line the labels mark with that code's category."""
     blocked = {(b["line"], b["category"]) for b in labels.get("breaker", [])}
     real = {code for line, category, code in diagnostics if (line, category) in blocked}
-    by_line = {line: (rewritten, reasons) for line, rewritten, reasons in outcomes}
+    by_line = {line: (rewritten, reasons, model_only) for line, rewritten, reasons, model_only in outcomes}
     for loop in labels.get("loop", []):
         if loop.get("ambiguous") or loop["kind"] != "train":
             continue
         score.train_loops += 1
         possible = loop["verdict"] in _POSSIBLE
         score.train_possible += possible
-        rewritten, reasons = by_line.get(loop["line"], (False, None))
+        rewritten, reasons, model_only = by_line.get(loop["line"], (False, None, False))
         if rewritten:
             score.train_rewritten += 1
             score.possible_rewritten += possible
-            score.over_promised += loop["verdict"] == "not-capturable"
+            if loop["verdict"] == "not-capturable":
+                score.graphed_beside_blockers += model_only
+                score.over_promised += not model_only
+                if not model_only:
+                    score.loop_notes.append(f"loop {loop['line']}: captured whole, labelled not-capturable")
         elif reasons is not None:
             score.refused += 1
             score.refused_with_real_blocker += any(code in real for code in reasons)
@@ -96,7 +101,7 @@ def score_rewrites(score: Score, labels: dict, diagnostics, outcomes: list[tuple
 
 def score_file(labels: dict, diagnostics: list[tuple[int, str, str]], loops: list[tuple[int, str, str]], outcomes=()) -> Score:
     """diagnostics: (line, category, code); loops: (line, kind, verdict), as `check` reports them;
-    outcomes: (line, rewritten, reasons), as `rewrite` decides."""
+    outcomes: (line, rewritten, reasons, model only), as `rewrite` decides."""
     score = Score()
     score_rewrites(score, labels, diagnostics, list(outcomes))
     wanted = {(b["line"], b["category"]) for b in labels.get("breaker", []) if not b.get("ambiguous")}
@@ -143,7 +148,7 @@ def check_file(path: Path):
     from graphify.rewrite import rewrite_source
 
     rewrite = rewrite_source(source, str(path), Settings())
-    outcomes = [(o.line, o.rewritten, [r for r in o.reasons if r.startswith("GFY")]) for o in rewrite.outcomes]
+    outcomes = [(o.line, o.rewritten, [r for r in o.reasons if r.startswith("GFY")], o.model_only) for o in rewrite.outcomes]
     return diagnostics, loops, outcomes
 
 
@@ -167,7 +172,8 @@ def render(rows: list[tuple[str, Score]], total: Score, details: bool, seconds: 
         f"| training loops rewritten (whole or model only) | {_ratio(total.train_rewritten, total.train_loops)} |",
         f"| of those labelled capturable in whole or part | {_ratio(total.possible_rewritten, total.train_possible)} |",
         f"| refusals naming a labelled breaker | {_ratio(total.refused_with_real_blocker, total.refused)} |",
-        f"| rewritten though labelled not-capturable | {total.over_promised} |",
+        f"| captured whole though labelled not-capturable | {total.over_promised} |",
+        f"| model graphed alone in loops labelled not-capturable | {total.graphed_beside_blockers} |",
         "",
         "| script | recall | precision | loops found | verdicts right |",
         "| --- | --- | --- | --- | --- |",
