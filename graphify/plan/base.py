@@ -104,7 +104,11 @@ def if_chain(stmt: cst.If) -> IfChain:
 def is_pure_binding(stmt: cst.CSTNode) -> bool:
     """`targets = {"target": batch["target"]}`: names bound to containers, items or attributes of values,
     with no call: it runs the same at capture as at every replay."""
-    if not isinstance(stmt, cst.SimpleStatementLine) or not all(isinstance(s, cst.Assign) for s in stmt.body):
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    if all(isinstance(s, cst.Expr) and isinstance(s.value, (cst.SimpleString, cst.ConcatenatedString)) for s in stmt.body):
+        return True  # a string standing as a comment
+    if not all(isinstance(s, cst.Assign) for s in stmt.body):
         return False
     return not any(isinstance(n, (cst.Call, cst.Await, cst.Yield)) for s in stmt.body for n in walk(s.value))
 
