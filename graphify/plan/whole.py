@@ -180,10 +180,7 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> 
     for i in span:
         if any(is_scaler_call(n, env) for n in walk(body[i])):
             if not any(isinstance(n, cst.Call) and is_backward(n, env) for j in span if j < i for n in walk(body[j])):
-                if any(isinstance(n, cst.Call) and is_backward(n, env) for n in walk(body[i])):
-                    why = "the GradScaler step shares a statement (a branch) with the backward pass: the step is split at the scaler, which runs eagerly after the captured backward"
-                    raise Refusal(LOOP_SHAPE, why, body[i])
-                raise Refusal(LOOP_SHAPE, "GradScaler step comes before the backward pass", body[i])
+                _refuse_scaler_before_backward(body[i], env)
             plan.tail = [j for j in span if j >= i]
             span = [j for j in span if j < i]
             break
@@ -288,6 +285,13 @@ def _pull_in_zero_grad(plan: Plan, body: list[cst.BaseStatement], env: Env) -> N
             or any(isinstance(n, cst.Attribute) and n.attr.value == "grad" for n in walk(stmt))
         ):
             return
+
+
+def _refuse_scaler_before_backward(stmt: cst.BaseStatement, env: Env) -> None:
+    if any(isinstance(n, cst.Call) and is_backward(n, env) for n in walk(stmt)):
+        why = "the GradScaler step shares a statement (a branch) with the backward pass: the step is split at the scaler, which runs eagerly after the captured backward"
+        raise Refusal(LOOP_SHAPE, why, stmt)
+    raise Refusal(LOOP_SHAPE, "GradScaler step comes before the backward pass", stmt)
 
 
 def _split_off_host_work(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env) -> None:
