@@ -73,6 +73,40 @@ def _replace(code, pattern, repl):
 # ---- honest rewrites pass ------------------------------------------------------------------------
 
 
+RESUMING = """\
+import os
+import torch
+import torch.nn as nn
+
+device = "cpu"
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+data = [(torch.randn(4, 8, device=device), torch.randn(4, 1, device=device)) for _ in range(6)]
+start = 0
+if os.path.exists("snapshot.pt"):  # resume where an earlier run stopped
+    snapshot = torch.load("snapshot.pt")
+    model.load_state_dict(snapshot["model"])
+    start = snapshot["epoch"] + 1
+for epoch in range(start, 2):
+    for x, y in data:
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+    torch.save({"model": model.state_dict(), "epoch": epoch}, "snapshot.pt")
+"""
+
+
+def test_files_the_original_run_writes_do_not_reach_the_rewrites_run(tmp_path):
+    """A script that resumes from a snapshot it saves: the rewrite starts from the folder as the original
+    found it (not resumed from the original's snapshot), and the folder is left as it was."""
+    report = verify_file(write(tmp_path, RESUMING), steps=STEPS)
+    assert report.passed, (report.message, report.detail)
+    assert report.comparison.steps == (STEPS, STEPS)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+
+
 def test_identical_rewrite_passes_exactly_on_cpu(tmp_path):
     report = verify_file(write(tmp_path, TRAIN), steps=STEPS)
     assert report.passed, (report.message, report.detail)
@@ -275,7 +309,7 @@ TRAIN_CUDA = TRAIN.replace('device = "cpu"', 'device = "cuda"')
 
 
 @pytest.mark.cuda
-def test_cuda_rewrite_passes_with_default_tolerance_and_is_timed(tmp_path):
+def test_cuda_rewrite_passes_with_default_tolerance_and_is_timed(tmp_path, always_capture):
     report = verify_file(write(tmp_path, TRAIN_CUDA), steps=30)
     assert report.passed, (report.message, report.detail, report.to_dict())
     c = report.comparison

@@ -187,7 +187,10 @@ def _probe(analysis: LoopAnalysis) -> tuple[cst.CSTNode, int, str, bool] | None:
         if not anchors and plan is not None:
             # the step runs in a called function: record what the captured call returns
             optimizers = _optimizers([_code(o) for o in plan.optimizers])
-            return loop.node, plan.last, f"{PROBE}({_tuple(plan.outputs) or 'None'}, {optimizers}{carried})", bool(plan.outputs)
+            # names the original binds too: not those the rewrite makes splitting a statement (`total_tensor`)
+            bound = set().union(*(names_written(body[i]) for i in plan.graph))
+            outputs = [n for n in plan.outputs if n in bound]
+            return loop.node, plan.last, f"{PROBE}({_tuple(outputs) or 'None'}, {optimizers}{carried})", bool(outputs)
         if not anchors:
             return None
         losses = [loss for _, n in calls if is_backward(n, env) and id(n) not in in_closures for loss in [_loss_of(n)] if loss is not None]

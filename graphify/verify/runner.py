@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import statistics
+import shutil
 import subprocess
 import sys
 import time
@@ -94,10 +95,12 @@ def run_version(
     if until_reentry:
         cmd += ["--until-reentry", str(until_reentry)]
     cmd += ["--", *args]
+    cwd = os.path.dirname(os.path.abspath(script))
+    before = _files_under(cwd)
     with open(os.path.join(workdir, f"{label}.stdout"), "wb") as stdout, open(os.path.join(workdir, f"{label}.stderr"), "wb") as stderr:
         proc = subprocess.Popen(
             cmd,
-            cwd=os.path.dirname(os.path.abspath(script)),
+            cwd=cwd,
             env=child_env(),
             stdin=subprocess.DEVNULL,
             stdout=stdout,
@@ -105,6 +108,7 @@ def run_version(
             start_new_session=True,
         )
         timed_out = _wait(proc, progress, timeout, on_step)
+    _move_created(cwd, before, os.path.join(workdir, f"{label}.created"))
     result = RunResult(label, proc.returncode, _tail(workdir, label), timed_out)
     if proc.returncode == 0 and os.path.exists(out):
         with open(out) as f:
@@ -113,6 +117,37 @@ def run_version(
 
         result.tensors = torch.load(out[:-5] + ".pt", map_location="cpu", weights_only=True)
     return result
+
+
+_MAX_FILES = 50_000  # a folder bigger than this is not tracked (created files stay where they are)
+
+
+def _files_under(folder: str) -> set[str] | None:
+    """Every file and folder under `folder` (relative paths), or None when there are too many to track."""
+    found: set[str] = set()
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if d not in (".git", "__pycache__")]
+        rel = os.path.relpath(root, folder)
+        found.update(os.path.normpath(os.path.join(rel, name)) for name in dirs + files)
+        if len(found) > _MAX_FILES:
+            return None
+    return found
+
+
+def _move_created(folder: str, before: set[str] | None, into: str) -> None:
+    """Move what a run created under `folder` (a checkpoint, a snapshot it would resume from, logs) into
+    `into`: the next version starts from the folder as the first found it, and the user's folder is
+    left as it was."""
+    after = _files_under(folder) if before is not None else None
+    if after is None:
+        return
+    for rel in sorted(after - before):
+        parent = os.path.dirname(rel)
+        if parent and parent not in before:
+            continue  # inside a folder the run created: moved with it
+        target = os.path.join(into, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.move(os.path.join(folder, rel), target)
 
 
 def child_env() -> dict[str, str]:
