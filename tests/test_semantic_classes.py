@@ -814,3 +814,35 @@ def test_upkeep_tokenizers_and_strings_are_no_model_calls(call):
                 {call}
     """
     assert not analyze_source(_HEADER + textwrap.dedent(source), "train.py", Settings()).loops
+
+
+def test_an_evaluation_loop_whose_caller_turns_gradients_off_is_an_inference_loop():
+    """`with torch.no_grad(): val = evaluate(model, loader)`: the loop in `evaluate` is found; a loop over a
+    model's layers in a method called so is a forward pass, not a loop of steps."""
+    source = """
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(8, 8) for _ in range(3)])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+
+    def evaluate(model, loader, device):
+        total = 0.0
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            total += F.mse_loss(model(x), y).item()
+        return total / len(loader)
+
+
+    def main(loader, device):
+        model = Stack().to(device)
+        with torch.no_grad():
+            print(evaluate(model, loader, device))
+    """
+    report = analyze_source(_HEADER + textwrap.dedent(source), "train.py", Settings())
+    assert [(lp.kind, lp.line) for lp in report.loops] == [("inference", 20)]

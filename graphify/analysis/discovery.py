@@ -9,7 +9,7 @@ import libcst as cst
 
 from graphify.analysis.names import class_made, dotted
 from graphify.analysis.program import FunctionInfo, ModuleInfo
-from graphify.analysis.tree import children
+from graphify.analysis.tree import children, descendants
 from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import OPTIMIZER, kind_by_name
 from graphify.analysis.calls import (
@@ -89,7 +89,12 @@ class ModuleAnalysis:
                         absorbed.setdefault(id(n), id(node))
                 if not captured:
                     found.append(Loop(node, func, "train", region, ancestors))
-            elif direct_models and not self._has_step_anywhere(body, node) and self._under_no_grad(node, func, ancestors, env):
+            elif (
+                direct_models
+                and not self._has_step_anywhere(body, node)
+                and self._under_no_grad(node, func, ancestors, env)
+                and not _iterates_submodules(node, env)
+            ):
                 region = self._region(body, node, include_nested=lambda *a: False)
                 found.append(Loop(node, func, "inference", region, ancestors))
         # A loop found before the step loop that runs it (micro-steps in a helper defined above the batch
@@ -120,6 +125,9 @@ class ModuleAnalysis:
         """A syntactic test, before any inference: the loop calls `.backward()`/`.step()`, a function
         that does, something imported, or runs under no_grad."""
         if any(_mentions_no_grad(a) for a in ancestors if isinstance(a, (cst.With, cst.FunctionDef))):
+            return True
+        enclosing = next((a for a in reversed(ancestors) if isinstance(a, cst.FunctionDef)), None)
+        if enclosing is not None and enclosing.name.value in self._called_without_grad:
             return True
         for n in _iter_nodes(loop):
             if _is_step_like(n) or (isinstance(n, cst.With) and _mentions_no_grad(n)):
@@ -387,11 +395,43 @@ class ModuleAnalysis:
                 return True
         if func.node is not None and any(is_no_grad_item(d.decorator, env) for d in func.node.decorators):
             return True
+        if func.node is not None and func.node.name.value in self._called_without_grad:
+            return True  # `with torch.no_grad(): val_loss = evaluate(model, loader)` in its caller
         # `with torch.no_grad():` inside the loop body
         for n, _ in self._walk(Block(func, env, [node]), node, lambda *a: True, False, set()):
             if isinstance(n, cst.With) and any(is_no_grad_item(i.item, env) for i in n.items):
                 return True
         return False
+
+    @cached_property
+    def _called_without_grad(self) -> set[str]:
+        """Names of functions and methods the module calls with gradients off: inside `with torch.no_grad():`
+        or in a function decorated so, and, a few levels down, the functions those call."""
+        env = self.module.function_info(None, None).new_env()
+        names: set[str] = set()
+        bodies: dict[str, list[cst.FunctionDef]] = {}
+
+        def visit(node, off: bool) -> None:
+            for child in children(node):
+                kind = type(child)
+                if kind is cst.FunctionDef:
+                    bodies.setdefault(child.name.value, []).append(child)
+                    visit(child, any(is_no_grad_item(d.decorator, env) for d in child.decorators))
+                    continue
+                if kind is cst.With and any(is_no_grad_item(i.item, env) for i in child.items):
+                    visit(child, True)
+                    continue
+                if off and kind is cst.Call:
+                    names.add(_called_name(child))
+                visit(child, off)
+
+        visit(self.module.tree, False)
+        for _ in range(3):  # what those functions call runs without grad too
+            called = {_called_name(n) for name in names for f in bodies.get(name, []) for n in descendants(f) if type(n) is cst.Call}
+            if called <= names:
+                break
+            names |= called
+        return names - {None}
 
     def _in_periodic_branch(self, ancestors, block: Block) -> bool:
         """Calls under a host-side `if` that does evaluation-like work are not followed: that work runs
@@ -400,6 +440,30 @@ class ModuleAnalysis:
             if isinstance(a, cst.If) and is_periodic_gpu_branch(a, block.env):
                 return True
         return False
+
+
+_MODULE_CONTAINERS = ("ModuleList", "Sequential", "ModuleDict")
+
+
+def _iterates_submodules(loop: cst.For | cst.While, env: Env) -> bool:
+    """`for module in self:`, `for layer in self.layers:` (an nn.ModuleList): a forward pass through a
+    model's layers, not a loop of steps."""
+    if not isinstance(loop, cst.For):
+        return False
+    it = loop.iter
+    while isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.func.value in ("enumerate", "reversed") and it.args:
+        it = it.args[0].value
+    name = dotted(it) or ""
+    if name == "self":
+        return True
+    made = [v for v in env.values_of(name) if isinstance(v, cst.Call)] if name.startswith("self.") else []
+    return bool(made) and all((env.qualify(v.func) or "").endswith(_MODULE_CONTAINERS) for v in made)
+
+
+def _called_name(call: cst.Call) -> str | None:
+    """`evaluate` for `evaluate(...)`, `self.evaluate(...)` and `ddpm.sample(...)`'s `sample`."""
+    func = call.func
+    return func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
 
 
 def passed_arguments(

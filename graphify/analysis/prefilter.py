@@ -29,6 +29,10 @@ def might_hold_loops(source: str) -> bool:
     return _Scan(tree).found
 
 
+def _called_name(func: ast.AST) -> str:
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+
 def _mentions_no_grad(node: ast.AST) -> bool:
     return any(
         isinstance(n, (ast.Name, ast.Attribute)) and (getattr(n, "id", None) or getattr(n, "attr", "")) in _NO_GRAD for n in ast.walk(node)
@@ -62,8 +66,12 @@ class _Scan:
         self.steppers: set[str] = set()  # functions that run a step themselves (in their own code or a nested def)
         self.called_in_loops: set[str] = set()
         self.enclosing: list[str] = []  # names of the functions around the node being visited
-        self.found = self._visit(tree, no_grad=False, in_loop=False) or not self.called_in_loops.isdisjoint(
-            self.steppers | self._stepping_objects(tree)
+        self.called_without_grad: set[str] = set()  # `with torch.no_grad(): evaluate(...)`
+        self.with_loops: set[str] = set()  # functions holding a loop
+        self.found = (
+            self._visit(tree, no_grad=False, in_loop=False)
+            or not self.called_in_loops.isdisjoint(self.steppers | self._stepping_objects(tree))
+            or not self.called_without_grad.isdisjoint(self.with_loops)
         )
 
     def _stepping_objects(self, tree: ast.Module) -> set[str]:
@@ -87,7 +95,10 @@ class _Scan:
                 if no_grad:
                     return True
                 inner_loop = True
+                self.with_loops.update(self.enclosing[-1:])
             elif isinstance(child, ast.Call):
+                if no_grad:
+                    self.called_without_grad.add(_called_name(child.func))
                 if self._decides(child, inner_loop):
                     return True
             elif inner_loop and (
