@@ -98,10 +98,13 @@ for epoch in range(start, 2):
 """
 
 
-def test_files_the_original_run_writes_do_not_reach_the_rewrites_run(tmp_path):
-    """A script that resumes from a snapshot it saves: the rewrite starts from the folder as the original
-    found it (not resumed from the original's snapshot), and the folder is left as it was."""
-    report = verify_file(write(tmp_path, RESUMING), steps=STEPS)
+@pytest.mark.parametrize("snapshot", ['"snapshot.pt"', 'os.path.join(tempfile.gettempdir(), "snapshot.pt")'])
+def test_files_the_original_run_writes_do_not_reach_the_rewrites_run(tmp_path, snapshot):
+    """A script that resumes from a snapshot it saves, beside it or in the temporary folder: the rewrite
+    starts from the state the original found (not resumed from the original's snapshot), and the script's
+    folder is left as it was."""
+    script = RESUMING.replace("import os", "import os\nimport tempfile").replace('"snapshot.pt"', snapshot)
+    report = verify_file(write(tmp_path, script), steps=STEPS)
     assert report.passed, (report.message, report.detail)
     assert report.comparison.steps == (STEPS, STEPS)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]

@@ -97,11 +97,15 @@ def run_version(
     cmd += ["--", *args]
     cwd = os.path.dirname(os.path.abspath(script))
     before = _files_under(cwd)
+    env = child_env()
+    # its own temporary folder: a snapshot saved to tempfile.gettempdir() is not the next version's to resume from
+    env["TMPDIR"] = os.path.join(workdir, f"{label}.tmp")
+    os.makedirs(env["TMPDIR"], exist_ok=True)
     with open(os.path.join(workdir, f"{label}.stdout"), "wb") as stdout, open(os.path.join(workdir, f"{label}.stderr"), "wb") as stderr:
         proc = subprocess.Popen(
             cmd,
             cwd=cwd,
-            env=child_env(),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
