@@ -846,3 +846,48 @@ def test_an_evaluation_loop_whose_caller_turns_gradients_off_is_an_inference_loo
     """
     report = analyze_source(_HEADER + textwrap.dedent(source), "train.py", Settings())
     assert [(lp.kind, lp.line) for lp in report.loops] == [("inference", 20)]
+
+
+@pytest.mark.parametrize(
+    "container",
+    ["nn.ModuleList([Act() for _ in range(3)])", "nn.Sequential(Act(), Act())", "nn.ModuleList([Act(), Act()])"],
+)
+def test_a_layer_of_a_container_of_modules_is_followed_into_its_forward(container):
+    """`for level in self.levels: x = level(x)` runs the forward of the class the container holds: a branch
+    there on a buffer `register_buffer` made (ActNorm's `if not self.initialized`) is a tensor branch, and
+    the buffer's in-place update is device work, not host state."""
+    source = f"""
+    class Act(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("initialized", torch.tensor(0).byte())
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            if not self.initialized:
+                self.initialized += 1
+            return self.lin(x)
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.levels = {container}
+
+        def forward(self, x):
+            for level in self.levels:
+                x = level(x)
+            return x
+
+
+    def train(loader):
+        model = Net().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = (model(x.cuda()) - y.cuda()).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    """
+    codes = _codes(source)
+    assert "GFY101" in codes and "GFY703" not in codes

@@ -277,6 +277,23 @@ class ModuleAnalysis:
             made = class_made(value, env.module.classes)
             if made is not None:
                 return env.module.classes[made]
+        if name is not None and "." not in name:  # `for level in self.levels: level(x)` over an nn.ModuleList
+            for iterable in _iterables_binding(name, env):
+                cls = self._element_class(iterable, env, depth + 1)
+                if cls is not None:
+                    return cls
+        return None
+
+    def _element_class(self, container: cst.BaseExpression, env: Env, depth: int) -> cst.ClassDef | None:
+        """The local class every item of a container of modules is made of: `nn.ModuleList([Level(...) for
+        ...])`, `nn.Sequential(Block(), Block())`, `[Block(...), Block(...)]`, or a name bound to one."""
+        name = dotted(container)
+        values = env.values_of(name) if name else [container]
+        for value in values:
+            items = _container_items(value, env)
+            classes = {class_made(item, env.module.classes) for item in items}
+            if items and len(classes) == 1 and None not in classes:
+                return env.module.classes[classes.pop()]
         return None
 
     def _callee_block(self, call: cst.Call, caller: Block) -> Block | None:
@@ -458,6 +475,35 @@ def _iterates_submodules(loop: cst.For | cst.While, env: Env) -> bool:
         return True
     made = [v for v in env.values_of(name) if isinstance(v, cst.Call)] if name.startswith("self.") else []
     return bool(made) and all((env.qualify(v.func) or "").endswith(_MODULE_CONTAINERS) for v in made)
+
+
+def _iterables_binding(name: str, env: Env) -> list[cst.BaseExpression]:
+    """What `for name in ...` loops of the function iterate (through `enumerate` and `reversed`)."""
+    body = getattr(env.func, "node", None)
+    found = []
+    for n in descendants(body) if body is not None else ():
+        if not isinstance(n, cst.For):
+            continue
+        target, it = n.target, n.iter
+        while isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.func.value in ("enumerate", "reversed") and it.args:
+            if it.func.value == "enumerate" and isinstance(target, cst.Tuple) and len(target.elements) == 2:
+                target = target.elements[1].value
+            it = it.args[0].value
+        if isinstance(target, cst.Name) and target.value == name:
+            found.append(it)
+    return found
+
+
+def _container_items(value: cst.BaseExpression, env: Env) -> list[cst.BaseExpression]:
+    if isinstance(value, (cst.List, cst.Tuple)):
+        return [e.value for e in value.elements]
+    if isinstance(value, cst.ListComp):
+        return [value.elt]
+    if isinstance(value, cst.Call) and (env.qualify(value.func) or "").endswith(("ModuleList", "Sequential")) and value.args:
+        if len(value.args) == 1 and not value.args[0].star:
+            return _container_items(value.args[0].value, env)
+        return [item for a in value.args for item in (_container_items(a.value, env) if a.star else [a.value])]
+    return []
 
 
 def _called_name(call: cst.Call) -> str | None:

@@ -9,9 +9,9 @@ from functools import cached_property
 import libcst as cst
 from libcst.metadata import CodeRange
 
-from graphify.analysis.names import Aliases
+from graphify.analysis.names import Aliases, dotted
 from graphify.analysis.positions import Positions
-from graphify.analysis.tree import children, nested_too_deep
+from graphify.analysis.tree import children, descendants, nested_too_deep
 from graphify.analysis.scope import Scope, collect_scope, forget_before_conversions
 from graphify.analysis.values import Env
 
@@ -121,6 +121,7 @@ class ModuleInfo:
             for stmt in cls.body.body:
                 if isinstance(stmt, cst.FunctionDef):
                     collect_scope(stmt, scope)
+                    _bind_registered_buffers(stmt, scope)
         return scope
 
     @cached_property
@@ -213,6 +214,17 @@ class Program:
         except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
             return None
         return self.add(path, source, tree)
+
+
+def _bind_registered_buffers(method: cst.FunctionDef, scope: Scope) -> None:
+    """`self.register_buffer("initialized", torch.tensor(0))` binds `self.initialized` to that tensor."""
+    for n in descendants(method):
+        if not (
+            isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("register_buffer", "register_parameter")
+        ):
+            continue
+        if dotted(n.func.value) == "self" and len(n.args) >= 2 and isinstance(n.args[0].value, cst.SimpleString):
+            scope.add(f"self.{n.args[0].value.evaluated_value}", n.args[1].value)
 
 
 def _classes_defined_in(func: cst.FunctionDef) -> list[cst.ClassDef]:

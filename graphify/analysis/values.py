@@ -13,7 +13,7 @@ import libcst as cst
 from graphify.analysis.names import Aliases, dotted
 from graphify.analysis.containers import comprehension_tensor, elements_tensor
 from graphify.analysis.scope import Scope
-from graphify.analysis.tree import memo, returns, simple_statements
+from graphify.analysis.tree import children, memo, returns, simple_statements
 from graphify.analysis.vocabulary import (
     ACCELERATOR,
     COLLECTIVE_HELPER,
@@ -138,6 +138,27 @@ class Env:
         cls = getattr(self.func, "cls", None)
         return owner == "self" and cls is not None and "." not in attr and module.method(cls, attr) is not None
 
+    def _attribute_by_name(self, name: str, depth: int) -> bool | None:
+        """What an attribute chain holds by what is known of the name: inferred, a configuration's field, or
+        what the class binds to `self.x`."""
+        if name in self.tensors:
+            return True
+        if (
+            name in self.hosts
+            or name.split(".")[0] in CONFIG_ROOTS
+            or name.startswith(("self.config.", "self.args.", "self.cfg.", "self.hparams."))
+        ):
+            return False
+        return self._class_attribute_tensor(name, depth) if name.startswith("self.") else None
+
+    def _class_attribute_tensor(self, name: str, depth: int) -> bool | None:
+        """`self.x` of the class: a tensor when every binding the class's methods give it is one (a buffer
+        `register_buffer` made, `self.x = torch.zeros(...)`); an update of itself (`self.x += 1`) keeps it."""
+        values = self.class_scope.values.get(name, []) if self.class_scope is not None else []
+        others = [v for v in values if not any(dotted(n) == name for n in iter_attributes(v))]
+        verdicts = {self._tensor(v, depth + 1) for v in others}
+        return True if others and verdicts == {True} else None
+
     def _put_in_eval_mode(self) -> set[str]:
         """Names this body calls `.eval()` on (`task.eval()` before a validation loop): modules, whatever their name."""
         body = self.func.node if getattr(self.func, "node", None) is not None else getattr(self.module, "tree", None)
@@ -240,14 +261,9 @@ class Env:
             if is_tensor_metadata_attribute(expr.attr.value):
                 return False
             name = dotted(expr)
-            if name in self.tensors:
-                return True
-            if name in self.hosts:
-                return False
-            if (name or "").split(".")[0] in CONFIG_ROOTS or (name or "").startswith(
-                ("self.config.", "self.args.", "self.cfg.", "self.hparams.")
-            ):
-                return False
+            by_name = self._attribute_by_name(name, depth) if name else None
+            if by_name is not None:
+                return by_name
             if expr.attr.value in {"grad", "data", "T", "mT", "H", "real", "imag", "logits", "loss", "last_hidden_state"}:
                 return True if self._tensor(expr.value, depth + 1) or expr.attr.value in {"grad", "logits"} else None
             receiver = self._tensor(expr.value, depth + 1)
@@ -451,6 +467,16 @@ class Env:
                         changed = True
             if not changed:
                 break
+
+
+def iter_attributes(expr: cst.CSTNode):
+    """The names and attribute chains an expression reads."""
+    stack = [expr]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (cst.Name, cst.Attribute)):
+            yield n
+        stack.extend(children(n))
 
 
 _EVAL_RECEIVERS: dict[int, tuple[cst.CSTNode, set[str]]] = memo()

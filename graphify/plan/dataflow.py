@@ -174,6 +174,8 @@ def check_captured_code(plan, body, refuse) -> None:
             for t in attribute_targets(node):
                 if t.attr.value == SYNC_FLAG:
                     continue  # DDP's sync switch: GFY612 says whether it is set alike on every step
+                if isinstance(node, cst.AugAssign) and env.is_tensor(t):
+                    continue  # `self.initialized += 1` on a buffer: an in-place op on the device, which replays repeat
                 refuse(MUTATED_STATE, node, f"the step assigns `{dotted(t) or 'an attribute'}`, a host state change replays would not make")
 
 
