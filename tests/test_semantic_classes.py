@@ -891,3 +891,31 @@ def test_a_layer_of_a_container_of_modules_is_followed_into_its_forward(containe
     """
     codes = _codes(source)
     assert "GFY101" in codes and "GFY703" not in codes
+
+
+def test_models_from_define_factories_and_losses_moved_to_the_device_are_known():
+    """pix2pix's `net_g = define_G(...)` builds a model, and `criterionGAN = GANLoss().to(device)` is still a
+    loss after `.to()`: calling it is the step's loss, not a host call with unknown effects (GFY701)."""
+    source = """
+    from networks import GANLoss, define_D, define_G
+
+    def train(loader, device):
+        net_g = define_G(3, 3, 64).to(device)
+        net_d = define_D(6, 64).to(device)
+        criterionGAN = GANLoss().to(device)
+        optimizer_g = torch.optim.SGD(net_g.parameters(), lr=0.1)
+        optimizer_d = torch.optim.SGD(net_d.parameters(), lr=0.1)
+        for real_a, real_b in loader:
+            real_a, real_b = real_a.to(device), real_b.to(device)
+            fake_b = net_g(real_a)
+            optimizer_d.zero_grad()
+            loss_d = criterionGAN(net_d.forward(torch.cat((real_a, fake_b.detach()), 1)), False)
+            loss_d.backward()
+            optimizer_d.step()
+            optimizer_g.zero_grad()
+            loss_g = criterionGAN(net_d.forward(torch.cat((real_a, fake_b), 1)), True)
+            loss_g.backward()
+            optimizer_g.step()
+    """
+    (loop,) = _train_loops(_outcomes(source))
+    assert loop.rewritten and not loop.model_only, loop.reasons

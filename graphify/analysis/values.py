@@ -46,7 +46,7 @@ _NOT_MODELS = ("Tokenizer", "TokenizerFast", "Processor", "Config", "FeatureExtr
 # loss scalers that own a GradScaler: torch's own, timm's and the MAE/DeiT helpers built on it
 _SCALER_CLASSES = {"GradScaler", "ShardedGradScaler", "NativeScaler", "NativeScalerWithGradNormCount"}
 # factories named after what they build: `create_optimizer_v2`, `build_model`, `get_scheduler`
-_FACTORY = re.compile(r"^(?:create|build|make|get|init|setup)_([a-z]+)(?:_v\d+)?$")
+_FACTORY = re.compile(r"^(?:create|build|make|get|init|setup|define)_([a-z]+)(?:_v\d+)?$", re.IGNORECASE)
 
 
 @dataclass
@@ -194,7 +194,7 @@ class Env:
             "double",
         }:
             inner = self.kind_of(call.func.value, depth + 1)
-            return inner if inner == MODEL or inner == DDP else None
+            return inner if inner in (MODEL, DDP, LOSS) else None  # `GANLoss().to(device)` is still a loss
         if qual in {"torch.compile"} and call.args:
             return self.kind_of(call.args[0].value, depth + 1)
         if last in {"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP"}:
