@@ -11,7 +11,7 @@ import libcst as cst
 from graphify.analysis.constructions import optimizer_constructions, without_device_moves
 from graphify.analysis.calls import is_model_call, is_optimizer_step, is_step_op, iter_nodes, method_call
 from graphify.analysis.region import Loop, Site
-from graphify.analysis.reach import first_forward_position, optimizer_step_chains
+from graphify.analysis.reach import body_position, first_forward_position, optimizer_step_chains
 from graphify.analysis.scope import collect_scope
 from graphify.analysis.statements import names_written
 from graphify.analysis.targets import unwrap_iterable
@@ -128,8 +128,7 @@ class Checker:
         """A sort key for the region's node at `index`, in the order one iteration runs: by the loop body's
         call that leads to it (the first such call, or with `last` the last one; its own position in the
         body), then by its place in the called function."""
-        calls = [self.position(c) for c in self.region.body_calls_of(self.region.nodes[index][1])]
-        return (max if last else min)(calls, default=index), index
+        return body_position(self.region, self.position, index, last), index
 
     def before_gpu_work(self, node: cst.CSTNode) -> bool:
         """Whether the node runs before the step's first GPU work each time the iteration runs it."""

@@ -467,10 +467,7 @@ def _iterates_submodules(loop: cst.For | cst.While, env: Env) -> bool:
     model's layers, not a loop of steps."""
     if not isinstance(loop, cst.For):
         return False
-    it = loop.iter
-    while isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.func.value in ("enumerate", "reversed") and it.args:
-        it = it.args[0].value
-    name = dotted(it) or ""
+    name = dotted(_item_and_container(loop)[1]) or ""
     if name == "self":
         return True
     made = [v for v in env.values_of(name) if isinstance(v, cst.Call)] if name.startswith("self.") else []
@@ -480,18 +477,19 @@ def _iterates_submodules(loop: cst.For | cst.While, env: Env) -> bool:
 def _iterables_binding(name: str, env: Env) -> list[cst.BaseExpression]:
     """What `for name in ...` loops of the function iterate (through `enumerate` and `reversed`)."""
     body = getattr(env.func, "node", None)
-    found = []
-    for n in descendants(body) if body is not None else ():
-        if not isinstance(n, cst.For):
-            continue
-        target, it = n.target, n.iter
-        while isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.func.value in ("enumerate", "reversed") and it.args:
-            if it.func.value == "enumerate" and isinstance(target, cst.Tuple) and len(target.elements) == 2:
-                target = target.elements[1].value
-            it = it.args[0].value
-        if isinstance(target, cst.Name) and target.value == name:
-            found.append(it)
-    return found
+    loops = [n for n in descendants(body) if isinstance(n, cst.For)] if body is not None else []
+    return [it for target, it in map(_item_and_container, loops) if isinstance(target, cst.Name) and target.value == name]
+
+
+def _item_and_container(loop: cst.For) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+    """What a `for` binds to each item, and what it takes the items from, through `enumerate` and
+    `reversed`: (`layer`, `self.layers`) for `for i, layer in enumerate(self.layers)`."""
+    target, it = loop.target, loop.iter
+    while isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.func.value in ("enumerate", "reversed") and it.args:
+        if it.func.value == "enumerate" and isinstance(target, cst.Tuple) and len(target.elements) == 2:
+            target = target.elements[1].value
+        it = it.args[0].value
+    return target, it
 
 
 def _container_items(value: cst.BaseExpression, env: Env) -> list[cst.BaseExpression]:
@@ -499,7 +497,7 @@ def _container_items(value: cst.BaseExpression, env: Env) -> list[cst.BaseExpres
         return [e.value for e in value.elements]
     if isinstance(value, cst.ListComp):
         return [value.elt]
-    if isinstance(value, cst.Call) and (env.qualify(value.func) or "").endswith(("ModuleList", "Sequential")) and value.args:
+    if isinstance(value, cst.Call) and (env.qualify(value.func) or "").endswith(_MODULE_CONTAINERS) and value.args:
         if len(value.args) == 1 and not value.args[0].star:
             return _container_items(value.args[0].value, env)
         return [item for a in value.args for item in (_container_items(a.value, env) if a.star else [a.value])]

@@ -122,8 +122,5 @@ class _Scan:
             return False
         if steps or any(_names_optimizer(a) for a in call.args):
             return True
-        if isinstance(func, ast.Name):
-            self.called_in_loops.add(func.id)
-        elif isinstance(func, ast.Attribute):
-            self.called_in_loops.add(func.attr)
+        self.called_in_loops.add(_called_name(func))
         return False

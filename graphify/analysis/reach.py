@@ -33,12 +33,20 @@ def first_forward_position(region: Region, position: Callable[[cst.CSTNode], int
     """Where the loop body first runs a model or a backward pass, itself or through a call."""
     return min(
         (
-            min((position(c) for c in region.body_calls_of(s)), default=i)
+            body_position(region, position, i)
             for i, (n, s) in enumerate(region.nodes)
             if type(n) is cst.Call and (is_model_call(n, s.env) or is_backward(n, s.env))
         ),
         default=len(region.nodes),
     )
+
+
+def body_position(region: Region, position: Callable[[cst.CSTNode], int], index: int, last: bool = False) -> int:
+    """Where the region's node at `index` runs in the loop body: its own position there, or that of the
+    body's call leading to it (the first such call, or with `last` the last one). Called functions are
+    walked after the body, so their nodes' own positions say nothing of when they run."""
+    calls = [position(c) for c in region.body_calls_of(region.nodes[index][1])]
+    return (max if last else min)(calls, default=index)
 
 
 def _is_zero_grad(node: cst.CSTNode, env: Env) -> bool:

@@ -13,7 +13,7 @@ import libcst as cst
 from graphify.analysis.names import Aliases, dotted
 from graphify.analysis.containers import comprehension_tensor, elements_tensor
 from graphify.analysis.scope import Scope
-from graphify.analysis.tree import children, memo, returns, simple_statements
+from graphify.analysis.tree import descendants, memo, returns, simple_statements
 from graphify.analysis.vocabulary import (
     ACCELERATOR,
     COLLECTIVE_HELPER,
@@ -155,7 +155,7 @@ class Env:
         """`self.x` of the class: a tensor when every binding the class's methods give it is one (a buffer
         `register_buffer` made, `self.x = torch.zeros(...)`); an update of itself (`self.x += 1`) keeps it."""
         values = self.class_scope.values.get(name, []) if self.class_scope is not None else []
-        others = [v for v in values if not any(dotted(n) == name for n in iter_attributes(v))]
+        others = [v for v in values if not any(isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) == name for n in descendants(v))]
         verdicts = {self._tensor(v, depth + 1) for v in others}
         return True if others and verdicts == {True} else None
 
@@ -467,16 +467,6 @@ class Env:
                         changed = True
             if not changed:
                 break
-
-
-def iter_attributes(expr: cst.CSTNode):
-    """The names and attribute chains an expression reads."""
-    stack = [expr]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, (cst.Name, cst.Attribute)):
-            yield n
-        stack.extend(children(n))
 
 
 _EVAL_RECEIVERS: dict[int, tuple[cst.CSTNode, set[str]]] = memo()
