@@ -86,7 +86,6 @@ LONG_FUNCTIONS = {
     "graphify.engine::_analyze_module": 61,
     "graphify.plan.whole::_split_step": 71,
     "graphify.rewrite.api::_rewrite_source": 62,
-    "graphify.rewrite.emit::_loop": 63,
     "graphify.rules.host_sync::_check_call": 110,
     "graphify.rules.optimizers::check": 67,
     "graphify.verify.child::main": 64,

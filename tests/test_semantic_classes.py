@@ -919,3 +919,144 @@ def test_models_from_define_factories_and_losses_moved_to_the_device_are_known()
     """
     (loop,) = _train_loops(_outcomes(source))
     assert loop.rewritten and not loop.model_only, loop.reasons
+
+
+# ---- 3b. host bookkeeping inside a mode block ---------------------------------------------------
+
+_MODE_BLOCKS = {  # block -> the loop it stands in: an evaluation under no_grad, or a training step
+    "torch.no_grad()": "evaluate",
+    "torch.inference_mode()": "evaluate",
+    'torch.no_grad(), torch.autocast("cuda")': "evaluate",
+    'torch.autocast("cuda", dtype=torch.bfloat16)': "train",
+    "torch.cuda.amp.autocast(enabled=use_amp)": "train",
+}
+
+_BOOKKEEPING_IN_BLOCK = {
+    "meter": "meter.update(loss.item(), x.size(0))",
+    "list": "losses.append(loss.item())",
+    "print": 'print(f"loss {loss.item():.3f}")',
+}
+
+_LOOP_WITH_BLOCK = """
+def {kind}(model, loader, opt, device, use_amp=True):
+    meter, losses = Meter(), []
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        with {block}:
+            loss = F.cross_entropy(model(x), y)
+            {bookkeeping}
+{rest}    return meter.avg, losses
+"""
+
+
+@pytest.mark.parametrize("block", sorted(_MODE_BLOCKS))
+@pytest.mark.parametrize("bookkeeping", sorted(_BOOKKEEPING_IN_BLOCK))
+def test_host_bookkeeping_inside_a_mode_block_moves_after_the_replay(block, bookkeeping):
+    """`with torch.no_grad(): loss = ...; meter.update(loss.item())`: the block only sets modes, so the
+    bookkeeping leaves the step as it would outside the block, and runs in the same block after it."""
+    kind = _MODE_BLOCKS[block]
+    rest = "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n" if kind == "train" else ""
+    source = _LOOP_WITH_BLOCK.format(kind=kind, block=block, bookkeeping=_BOOKKEEPING_IN_BLOCK[bookkeeping], rest=rest)
+    result = _outcomes(_METER.replace("AverageMeter", "Meter") + source)
+    [loop] = result.outcomes
+    assert loop.rewritten and not loop.model_only, loop.reasons
+    step, after_call = result.code.split(f"= {loop.step_name}(", 1)
+    assert f"with {block}:\n            loss = F.cross_entropy(model(x), y)\n" in step
+    assert f"with {block}:\n" in after_call and "loss.item()" in after_call and "loss.item()" not in step
+
+
+def test_a_mode_block_with_nothing_to_move_reads_as_the_source():
+    source = """
+    def train(model, loader, opt, device):
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = model(x)
+                # the loss in the same precision
+                loss = F.cross_entropy(out, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    """
+    result = _outcomes(source)
+    [loop] = _train_loops(result)
+    assert loop.rewritten
+    assert (
+        '        with torch.autocast("cuda", dtype=torch.bfloat16):\n'
+        "            out = model(x)\n"
+        "            # the loss in the same precision\n"
+        "            loss = F.cross_entropy(out, y)\n"
+        "        opt.zero_grad()\n"
+    ) in result.code
+
+
+def test_a_context_that_is_not_a_mode_stays_whole():
+    """`with model.no_sync():` changes what the backward does (no gradient all-reduce): not opened."""
+    source = """
+    def train(model, loader, opt, device):
+        losses = []
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            with model.no_sync():
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                losses.append(loss.item())
+            opt.step()
+    """
+    [loop] = _train_loops(_outcomes(source))
+    assert not loop.rewritten or loop.model_only
+
+
+# ---- 3c. an `else:` that leaves the loop is a guard --------------------------------------------
+
+_GUARDED = """
+def evaluate(model, loader, device, num_batches):
+    total = 0.0
+    for i, (x, y) in enumerate(loader):
+{body}
+    return total / num_batches
+"""
+
+_GUARDS = {
+    "if-else-break": """
+        if i < num_batches:
+            x, y = x.to(device), y.to(device)
+            with torch.no_grad():
+                loss = F.cross_entropy(model(x), y)
+            total += loss.item()
+        else:
+            break""",
+    "if-not-break": """
+        if not (i < num_batches):
+            break
+        x, y = x.to(device), y.to(device)
+        with torch.no_grad():
+            loss = F.cross_entropy(model(x), y)
+        total += loss.item()""",
+    "if-else-continue": """
+        if i < num_batches:
+            x, y = x.to(device), y.to(device)
+            with torch.no_grad():
+                loss = F.cross_entropy(model(x), y)
+            total += loss.item()
+        else:
+            continue""",
+    "if-else-return": """
+        if i < num_batches:
+            x, y = x.to(device), y.to(device)
+            with torch.no_grad():
+                loss = F.cross_entropy(model(x), y)
+            total += loss.item()
+        else:
+            return total / num_batches""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_GUARDS))
+def test_a_branch_whose_else_leaves_the_loop_is_a_guard(name):
+    """`if i < n: <step> else: break` means `if not i < n: break` then the step: the same verdict, codes
+    and rewrite as the guard spelled out (no host value frozen, no GPU work under a host condition)."""
+    source = _GUARDED.format(body=textwrap.indent(textwrap.dedent(_GUARDS[name]), " " * 8))
+    [loop] = _outcomes(source).outcomes
+    assert loop.rewritten and not loop.model_only, loop.reasons
+    assert _codes(source) == _codes(_GUARDED.format(body=textwrap.indent(textwrap.dedent(_GUARDS["if-not-break"]), " " * 8)))

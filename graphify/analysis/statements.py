@@ -202,3 +202,16 @@ def collected_into(stmt: cst.BaseStatement) -> set[str]:
 def _mutates(call: cst.Call) -> bool:
     m = method_call(call)
     return m is not None and m[1].endswith("_") and not m[1].startswith("_")
+
+
+def exit_else(stmt: cst.BaseStatement) -> cst.BaseSuite | None:
+    """The `else:` block of `if ok: ... else: break` (or `continue`, `return ...`): one exit, no `elif`.
+    The `if` is a guard: the iteration goes on while `ok` holds, as after `if not ok: break`."""
+    if not isinstance(stmt, cst.If) or not isinstance(stmt.orelse, cst.Else) or not isinstance(stmt.body, cst.IndentedBlock):
+        return None
+    block = stmt.orelse.body
+    lines = block.body if isinstance(block, cst.IndentedBlock) else [block]
+    if len(lines) != 1 or not isinstance(lines[0], (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        return None
+    small = lines[0].body
+    return block if len(small) == 1 and isinstance(small[0], (cst.Break, cst.Continue, cst.Return)) else None

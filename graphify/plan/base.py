@@ -11,6 +11,7 @@ from graphify.analysis.calls import method_call
 from graphify.analysis.region import Loop
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import (
+    exit_else,
     names_written,
     walk,
 )
@@ -73,6 +74,9 @@ class Plan:
     fetches: list[cst.Call] = field(default_factory=list)  # the `next(...)` calls among the drawn expressions
     # breakers the rewrite cannot remove, left eager where they stand outside the step (Finding)
     eager: list = field(default_factory=list)
+    # the loop body as planned (StepBody.statements), which the indexes above count, and where each comes from
+    statements: list[cst.BaseStatement] = field(default_factory=list)
+    origins: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -116,6 +120,83 @@ def is_pure_binding(stmt: cst.CSTNode) -> bool:
 def body_of(loop: Loop) -> list[cst.BaseStatement]:
     body = loop.node.body
     return list(body.body) if isinstance(body, cst.IndentedBlock) else []
+
+
+# context managers that only set modes for the code inside them: entered around each statement of
+# their block in turn, the block computes the same
+_MODE_CONTEXTS = frozenset({"no_grad", "enable_grad", "inference_mode", "autocast", "set_grad_enabled"})
+
+
+@dataclass
+class StepBody:
+    """A loop body as the step planner reads it: a mode block (`with torch.no_grad():`) opened around each
+    of its statements, so that host work inside it can leave the step like any other statement, and
+    `if ok: ... else: break` read as `if not (ok): break` followed by the branch."""
+
+    statements: list[cst.BaseStatement]
+    origins: list[int]  # index in the loop body of the statement each one comes from
+    blocks: list[cst.With | None]  # the mode block each one was opened from, in the tree it was read from
+
+    def regroup(self, entries: list[tuple[int, cst.BaseStatement]]) -> list[cst.BaseStatement]:
+        """Statements (index, statement) in output order, with neighbours opened from one mode block
+        joined back into that block: what the planner leaves together reads as the source did."""
+        out: list[cst.BaseStatement] = []
+        last = None
+        for index, stmt in entries:
+            block = self.blocks[index] if index is not None else None
+            if block is not None and block is last and isinstance(stmt, cst.With):
+                merged = [*out[-1].body.body, *stmt.body.body]
+                out[-1] = out[-1].with_changes(body=out[-1].body.with_changes(body=merged))
+                continue
+            out.append(stmt)
+            last = block if isinstance(stmt, cst.With) else None
+        return out
+
+
+def step_statements(statements) -> StepBody:
+    body = StepBody([], [], [])
+    for origin, stmt in enumerate(statements):
+        for opened, block in _opened(stmt):
+            body.statements.append(opened)
+            body.origins.append(origin)
+            body.blocks.append(block)
+    return body
+
+
+def _opened(stmt: cst.BaseStatement) -> list[tuple[cst.BaseStatement, cst.With | None]]:
+    if is_mode_block(stmt):
+        inner = stmt.body.body
+        return [
+            (stmt.with_changes(body=stmt.body.with_changes(body=[s]), leading_lines=stmt.leading_lines if k == 0 else []), stmt)
+            for k, s in enumerate(inner)
+        ]
+    exit_branch = exit_else(stmt)
+    if exit_branch is not None:
+        guard = cst.If(
+            test=cst.UnaryOperation(operator=cst.Not(), expression=_parenthesized(stmt.test)),
+            body=exit_branch,
+            leading_lines=stmt.leading_lines,
+        )
+        return [(guard, None), *((s, None) for s in stmt.body.body)]
+    return [(stmt, None)]
+
+
+def is_mode_block(stmt: cst.CSTNode) -> bool:
+    """`with torch.no_grad():`, `with torch.autocast("cuda", dtype=...):`, alone or together, no `as`."""
+    if not isinstance(stmt, cst.With) or stmt.asynchronous is not None or not isinstance(stmt.body, cst.IndentedBlock):
+        return False
+    for item in stmt.items:
+        func = item.item.func if isinstance(item.item, cst.Call) else None
+        name = dotted(func) if func is not None else None
+        if item.asname is not None or name is None or name.rsplit(".", 1)[-1] not in _MODE_CONTEXTS:
+            return False
+    return True
+
+
+def _parenthesized(test: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) or test.lpar:
+        return test
+    return test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
 def rebound_in_loop(loop: Loop) -> set[str]:

@@ -39,10 +39,12 @@ def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enc
     per_iteration |= set().union(*(names_written(body[i]) for i in range(len(body)) if i not in plan.graph))
     if isinstance(plan.loop.node, cst.For):
         per_iteration |= names_written(cst.Assign([cst.AssignTarget(plan.loop.node.target)], cst.Name("_")))
-    outside = _names_read_outside(enclosing, {id(body[i]) for i in plan.graph})
+    # by every node: a statement opened from a mode block is a copy, its statements are the source's
+    captured = {id(n) for i in plan.graph for n in walk(body[i])}
+    outside = _names_read_outside(enclosing, captured)
     outside |= set().union(*(names_read(host) for _, host in plan.hoisted.values()))
     # a name the function declares `global` is bound outside it, at module level
-    defined_outside = _names_written_outside(enclosing, {id(body[i]) for i in plan.graph}) | per_iteration | env.declared_global()
+    defined_outside = _names_written_outside(enclosing, captured) | per_iteration | env.declared_global()
     read_first: set[str] = set()  # names the step reads before it binds them itself
     bound: set[str] = set()
     for stmt in graph_stmts:

@@ -43,10 +43,12 @@ from graphify.plan.base import (
     has_side_effects,
     in_loop_scope,
     is_scaler_call,
+    is_mode_block,
     is_zero_grad,
     rebound_in_loop,
     same,
     sets_lr,
+    step_statements,
 )
 from graphify.plan.draws import drawn_nodes, plan_draws
 from graphify.plan.inputs import find_inputs_outputs, is_shape_value
@@ -84,7 +86,8 @@ def make_plan(
 def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refuse, fetches: list) -> Plan:
     if loop.node.orelse is not None:
         raise Refusal(LOOP_SHAPE, "loops with an `else:` clause are not rewritten", loop.node)
-    body = body_of(loop)
+    step_body = step_statements(body_of(loop))
+    body = step_body.statements
     env = loop.region.body_block.env
     step_calls, model_calls, zeroing_calls, computing_calls = _calls_into_step(loop)
     env.gpu_calls = step_calls | model_calls | zeroing_calls | computing_calls
@@ -106,6 +109,7 @@ def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refu
         seen = "the optimizer step" if loop.kind == "train" and not anchors else "a model call"
         raise Refusal(LOOP_SHAPE, f"{seen} is not seen in the loop body (a call it goes through is not followed)")
     plan = Plan(loop, loop.kind, first=min(starts[0], anchors[0]), last=anchors[-1])
+    plan.statements, plan.origins = body, step_body.origins
     _refuse_closures(plan, body, refuse)
     _split_step(plan, body, env, refuse)
     _pull_in_zero_grad(plan, body, env)
@@ -296,10 +300,20 @@ def _refuse_scaler_before_backward(stmt: cst.BaseStatement, env: Env) -> None:
 
 def _split_off_host_work(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env) -> None:
     """A statement that mixes the step's GPU work with host work is split in two (plan.hoisted): the GPU
-    half is captured, the host half runs after the replay."""
+    half is captured, the host half runs after the replay (inside the mode block it stood in, if any)."""
+    if is_mode_block(stmt) and len(stmt.body.body) == 1:
+        _split_off_host_work(plan, index, stmt.body.body[0], env)
+        if index in plan.hoisted:
+            captured, host = plan.hoisted[index]
+            plan.hoisted[index] = (_in_block(stmt, captured), _in_block(stmt, host).with_changes(leading_lines=[]))
+        return
     _hoist_host_reads(plan, index, stmt, env)
     if index not in plan.hoisted:
         _hoist_collected(plan, index, stmt, env)
+
+
+def _in_block(block: cst.With, stmt: cst.BaseStatement) -> cst.With:
+    return block.with_changes(body=block.body.with_changes(body=[stmt]))
 
 
 _COLLECTING_METHODS = {"append", "extend"}

@@ -10,7 +10,7 @@ import libcst as cst
 from graphify.analysis.names import dotted
 from graphify.plan import PartialPlan, Plan
 from graphify.plan.draws import draw_statement, drawn_value
-from graphify.plan.base import if_chain
+from graphify.plan.base import if_chain, step_statements
 
 CAPTURED_STEP, GRAPHED_MODULE, DDP_BUILDER = "CapturedStep", "GraphedModule", "build_on_capture_stream"
 
@@ -46,20 +46,46 @@ def _with_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
     return call.with_changes(args=args)
 
 
-def _moved_after(plan: Plan, stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+def _moved_after(plan: Plan, stmts: list[cst.BaseStatement]) -> list[tuple[int, cst.BaseStatement]]:
     """What runs eagerly after the replay, in source order: statements moved after the step, the host
     half of statements split by the planner, and the host statements of keyed branches."""
     moved = []
     for i in sorted(plan.after + plan.tail + list(plan.split_ifs) + list(plan.hoisted)):
         if i in plan.hoisted:
-            moved.append(plan.hoisted[i][1])
+            moved.append((i, plan.hoisted[i][1]))
         elif i in plan.split_ifs:
             # the branch's host statements only: its `elif`/`else` branches ran in the graph
             host = [stmts[i].body.body[k] for k in plan.split_ifs[i]]
-            moved.append(stmts[i].with_changes(body=stmts[i].body.with_changes(body=host), orelse=None))
+            moved.append((i, stmts[i].with_changes(body=stmts[i].body.with_changes(body=host), orelse=None)))
         else:
-            moved.append(stmts[i])
+            moved.append((i, stmts[i]))
     return moved
+
+
+def _clones(plan: Plan, step_name: str) -> list[cst.BaseStatement]:
+    """Outputs kept beyond this step, copied: the next replay overwrites the graph's own."""
+    if not plan.clones:
+        return []
+    kept = ", ".join(plan.clones)  # in one call: outputs that are views of one another stay so
+    copied = f"{kept} = {step_name}.copy(({kept}))" if len(plan.clones) > 1 else f"{kept} = {step_name}.copy({kept})"
+    return [
+        cst.parse_statement(copied).with_changes(
+            leading_lines=[_comment("copy outputs kept beyond this step: the next replay overwrites them")]
+        )
+    ]
+
+
+def _draws(plan: Plan, step_name: str) -> list[cst.BaseStatement]:
+    """What the step takes from the host, taken before the call in the order the source takes it."""
+    draws = [draw_statement(plan, key, step_name) for key in plan.draws]
+    if draws:
+        why = (
+            "batches the micro-steps fetch: in pass order while the step runs eagerly, all before a replay"
+            if plan.draw_repeats
+            else "what the step takes from the host (batches, random draws), taken before it in the same order"
+        )
+        draws[0] = draws[0].with_changes(leading_lines=[_comment(why)])
+    return draws
 
 
 class Rewriter(cst.CSTTransformer):
@@ -137,13 +163,42 @@ class Rewriter(cst.CSTTransformer):
         if emission is None:
             return updated
         plan = emission.plan
-        stmts = list(updated.body.body)
-        graph_body = [plan.hoisted[i][0] if i in plan.hoisted else self._captured(plan, i, stmts[i]) for i in plan.graph]
+        step_body = step_statements(updated.body.body)
+        stmts = step_body.statements
+        self._define_step(emission, step_body)
+        key = ""
+        if plan.keys:
+            tests = [_EMPTY.code_for_node(test) for i in plan.keys for test in if_chain(stmts[i]).tests]
+            key = f", key=({', '.join(tests)},)"
+        call = f"{emission.step_name}({', '.join(plan.inputs)}{key})"
+        if plan.outputs:
+            call = f"{', '.join(plan.outputs)} = {call}"
+        call_stmt = cst.parse_statement(call).with_changes(
+            leading_lines=[_comment("replay the captured step (warmup and capture on first calls)")]
+        )
+        before = [(i, s) for i, s in enumerate(stmts[: plan.first]) if i not in plan.pulled_in] + [(i, stmts[i]) for i in plan.before]
+        rest = list(enumerate(stmts))[plan.last + 1 :]
+        body = (
+            step_body.regroup(before)
+            + _draws(plan, emission.step_name)
+            + [call_stmt]
+            + _clones(plan, emission.step_name)
+            + step_body.regroup(_moved_after(plan, stmts))
+            + step_body.regroup(rest)
+        )
+        return updated.with_changes(body=updated.body.with_changes(body=body))
+
+    def _define_step(self, emission: Emission, step_body) -> None:
+        """`def train_step(inputs): <captured statements>; return outputs` and its wrapping, placed before
+        the loop (or the enclosing loop the step is defined outside of)."""
+        plan, stmts = emission.plan, step_body.statements
+        graph_body = step_body.regroup(
+            [(i, plan.hoisted[i][0] if i in plan.hoisted else self._captured(plan, i, stmts[i])) for i in plan.graph]
+        )
         graph_body[0] = graph_body[0].with_changes(leading_lines=[line for line in graph_body[0].leading_lines if line.comment])
         if plan.outputs:
             graph_body.append(cst.parse_statement(f"return {', '.join(plan.outputs)}"))
-        params = ", ".join(plan.inputs)
-        step_def = cst.parse_statement(f"def {emission.step_name}({params}):\n    pass\n")
+        step_def = cst.parse_statement(f"def {emission.step_name}({', '.join(plan.inputs)}):\n    pass\n")
         step_def = step_def.with_changes(
             body=step_def.body.with_changes(body=graph_body),
             leading_lines=[
@@ -154,47 +209,6 @@ class Rewriter(cst.CSTTransformer):
         device = f", device={_EMPTY.code_for_node(plan.device)}" if plan.device is not None else ""
         wrap = cst.parse_statement(f"{emission.step_name} = {self.helper_name}({emission.step_name}{device})")
         self.defs.setdefault(id(emission.anchor), []).extend([step_def, wrap])
-
-        key = ""
-        if plan.keys:
-            tests = [_EMPTY.code_for_node(test) for i in plan.keys for test in if_chain(stmts[i]).tests]
-            key = f", key=({', '.join(tests)},)"
-        call = f"{emission.step_name}({params}{key})"
-        if plan.outputs:
-            call = f"{', '.join(plan.outputs)} = {call}"
-        call_stmt = cst.parse_statement(call).with_changes(
-            leading_lines=[_comment("replay the captured step (warmup and capture on first calls)")]
-        )
-        kept = ", ".join(plan.clones)  # in one call: outputs that are views of one another stay so
-        copied = f"{kept} = {emission.step_name}.copy(({kept}))" if len(plan.clones) > 1 else f"{kept} = {emission.step_name}.copy({kept})"
-        clones = [cst.parse_statement(copied)] if plan.clones else []
-        if clones:
-            clones[0] = clones[0].with_changes(
-                leading_lines=[_comment("copy outputs kept beyond this step: the next replay overwrites them")]
-            )
-
-        draws = [draw_statement(plan, key, emission.step_name) for key in plan.draws]
-        if draws:
-            draws[0] = draws[0].with_changes(
-                leading_lines=[
-                    _comment(
-                        "batches the micro-steps fetch: in pass order while the step runs eagerly, all before a replay"
-                        if plan.draw_repeats
-                        else "what the step takes from the host (batches, random draws), taken before it in the same order"
-                    )
-                ]
-            )
-        moved_after = _moved_after(plan, stmts)
-        body = (
-            [s for i, s in enumerate(stmts[: plan.first]) if i not in plan.pulled_in]
-            + [stmts[i] for i in plan.before]
-            + draws
-            + [call_stmt]
-            + clones
-            + moved_after
-            + stmts[plan.last + 1 :]
-        )
-        return updated.with_changes(body=updated.body.with_changes(body=body))
 
     @staticmethod
     def _captured(plan: Plan, index: int, stmt: cst.BaseStatement) -> cst.BaseStatement:

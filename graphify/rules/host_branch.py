@@ -4,7 +4,7 @@ import libcst as cst
 
 from graphify.analysis.checker import code_of
 from graphify.analysis.calls import is_optimizer_step, is_periodic_gpu_branch, iter_nodes, method_call
-from graphify.analysis.statements import does_gpu_work, is_host_read_call
+from graphify.analysis.statements import does_gpu_work, exit_else, is_host_read_call
 from graphify.analysis.vocabulary import ACCELERATOR, MODEL, OPTIMIZER, SCALER
 from graphify.rules.registry import rule
 
@@ -184,7 +184,7 @@ def check(ck):
                 "capture one graph per accumulation cycle, or accumulate with `step % k` around the optimizer step",
                 False,
             )
-        elif (
+        elif exit_else(node) is None and (
             (is_periodic_gpu_branch(node, site.env) and not ck.is_loop_invariant(node.test, site.env))
             or (_reads_counter(node.test, ck) and (does_gpu_work(node.body, site.env) or _else_does_gpu_work(node, site.env)))
             or (_on_sync_boundary(node.test, site.env) and _does_work(node.body, site.env))

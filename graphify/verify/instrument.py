@@ -188,9 +188,9 @@ def _probe(analysis: LoopAnalysis) -> tuple[cst.CSTNode, int, str, bool] | None:
             # the step runs in a called function: record what the captured call returns
             optimizers = _optimizers([_code(o) for o in plan.optimizers])
             # names the original binds too: not those the rewrite makes splitting a statement (`total_tensor`)
-            bound = set().union(*(names_written(body[i]) for i in plan.graph))
+            bound = set().union(*(names_written(plan.statements[i]) for i in plan.graph))
             outputs = [n for n in plan.outputs if n in bound]
-            return loop.node, plan.last, f"{PROBE}({_tuple(outputs) or 'None'}, {optimizers}{carried})", bool(outputs)
+            return loop.node, plan.origins[plan.last], f"{PROBE}({_tuple(outputs) or 'None'}, {optimizers}{carried})", bool(outputs)
         if not anchors:
             return None
         losses = [loss for _, n in calls if is_backward(n, env) and id(n) not in in_closures for loss in [_loss_of(n)] if loss is not None]
