@@ -1060,3 +1060,52 @@ def test_a_branch_whose_else_leaves_the_loop_is_a_guard(name):
     [loop] = _outcomes(source).outcomes
     assert loop.rewritten and not loop.model_only, loop.reasons
     assert _codes(source) == _codes(_GUARDED.format(body=textwrap.indent(textwrap.dedent(_GUARDS["if-not-break"]), " " * 8)))
+
+
+def test_a_device_a_helper_reads_from_the_module_is_the_loops_device():
+    """`calc_loss_batch` moves the batch to the module's `device`: the step's inputs go there too."""
+    source = """
+    device = torch.device("cuda")
+
+    def calc_loss_batch(model, x, y):
+        x, y = x.to(device), y.to(device)
+        return F.cross_entropy(model(x), y)
+
+    def train(model, loader, opt):
+        for x, y in loader:
+            opt.zero_grad()
+            loss = calc_loss_batch(model, x, y)
+            loss.backward()
+            opt.step()
+    """
+    result = _outcomes(source)
+    [loop] = _train_loops(result)
+    assert loop.rewritten and not loop.model_only, loop.reasons
+    assert "CapturedStep(train_step, device=device)" in result.code
+
+
+def test_a_loop_that_calls_a_function_whose_loop_is_rewritten_is_no_step_loop():
+    """The epoch loop around `train_one_epoch` of a rewritten file: its steps replay in that function's
+    loop, and a function defined there runs when called, not where it is defined."""
+    source = """
+    from graphify.runtime import CapturedStep
+
+    def train_one_epoch(model, loader, opt, device):
+        def train_step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))
+            loss.backward()
+            opt.step()
+            return loss
+        train_step = CapturedStep(train_step)
+        for x, y in loader:
+            loss = train_step(x, y)
+        return loss
+
+    def main(model, loader, opt, device):
+        for epoch in range(3):
+            last = train_one_epoch(model, loader, opt, device)
+            print(last.item())
+    """
+    result = _outcomes(source)
+    assert not any(o.rewritten for o in result.outcomes), result.outcomes

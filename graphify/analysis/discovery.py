@@ -335,7 +335,8 @@ class ModuleAnalysis:
         while stack:
             node, ancestors = stack.pop()
             kind = type(node)
-            if kind in _SKIP and ancestors and not is_mapped_lambda(node, ancestors):
+            # a function defined in a called function runs when it is called, not where it is defined
+            if kind in _SKIP and (ancestors or block.call is not None) and not is_mapped_lambda(node, ancestors):
                 continue
             if kind in LOOPS and node is not loop and skip_nested(node, block, ancestors):
                 continue

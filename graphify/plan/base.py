@@ -275,6 +275,19 @@ def device_in_loop_scope(plan: Plan, call: cst.Call) -> cst.BaseExpression | Non
     return in_loop_scope(plan, expr, site.block)
 
 
+def _same_global(plan: Plan, name: str, helper: Env) -> bool:
+    """`device` read in a helper of the loop's module that does not bind it: the module's `device`, which
+    the loop's scope reads too unless its function binds a `device` of its own."""
+    loop_scope = plan.loop.func.scope if plan.loop.func.node is not None else None
+    return (
+        "." not in name
+        and helper.module_scope is plan.loop.module.scope
+        and name not in helper.scope.values
+        and name in plan.loop.module.scope.values
+        and (loop_scope is None or name not in loop_scope.values)
+    )
+
+
 def in_loop_scope(plan: Plan, expr: cst.BaseExpression | None, block) -> cst.BaseExpression | None:
     """`expr`, written in a function the step calls, as an expression valid in the loop's scope:
     parameters are traced back to their call-site arguments, `self.x` to `obj.x` for `obj.method()`."""
@@ -291,6 +304,8 @@ def in_loop_scope(plan: Plan, expr: cst.BaseExpression | None, block) -> cst.Bas
             owner = block.call.func.value
             if not (isinstance(owner, cst.Name) and owner.value == "self"):
                 expr = cst.parse_expression(f"{EMPTY.code_for_node(owner)}.{name[5:]}")
+        elif _same_global(plan, name, block.env):
+            return expr
         else:
             return None
         block = block.parent
