@@ -1109,3 +1109,79 @@ def test_a_loop_that_calls_a_function_whose_loop_is_rewritten_is_no_step_loop():
     """
     result = _outcomes(source)
     assert not any(o.rewritten for o in result.outcomes), result.outcomes
+
+
+# ---- a GradScaler step in one branch of a host condition ---------------------------------------
+
+_SCALER_BRANCHES = {
+    "step-update": """
+        if use_amp:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()""",
+    "unscale-clip": """
+        if use_amp:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()""",
+    "config-attribute": """
+        if cfg.use_amp:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()""",
+}
+
+_SCALER_LOOP = """
+def train(model, loader, opt, device, cfg, use_amp=True):
+    scaler = torch.cuda.amp.GradScaler(enabled=use_amp)
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16, enabled=use_amp):
+            loss = F.cross_entropy(model(x), y)
+{branch}
+"""
+
+
+@pytest.mark.parametrize("name", sorted(_SCALER_BRANCHES))
+def test_a_scaler_step_in_a_branch_of_a_host_condition_runs_eagerly_after_the_replay(name):
+    """`if use_amp: scaler.scale(loss).backward(); scaler.step(opt) ... else: loss.backward(); opt.step()`:
+    one graph per outcome, and in the scaler's branch the scaler's step runs after the replay, under the
+    same test, as it does after an unbranched scaled backward."""
+    branch = textwrap.indent(textwrap.dedent(_SCALER_BRANCHES[name]), " " * 8)
+    result = _outcomes(_SCALER_LOOP.format(branch=branch))
+    [loop] = _train_loops(result)
+    assert loop.rewritten and not loop.model_only, loop.reasons
+    step, after_call = result.code.split("# graphify: replay the captured step", 1)
+    test = "cfg.use_amp" if name == "config-attribute" else "use_amp"
+    assert f"key=({test},)" in after_call.splitlines()[1]
+    assert "scaler.scale(loss).backward()" in step and "opt.step()" in step and "scaler.step(opt)" not in step
+    assert f"if {test}:\n" in after_call and "scaler.step(opt)" in after_call and "else:" not in after_call
+
+
+@pytest.mark.parametrize(
+    "branch",
+    [
+        # the scaler steps before its branch's backward
+        "if use_amp:\n    scaler.step(opt)\n    scaler.scale(loss).backward()\nelse:\n    loss.backward()\n    opt.step()",
+        # the scaler in the `else`: the graph of that outcome would end at a scaler call
+        "if not use_amp:\n    loss.backward()\n    opt.step()\nelse:\n    scaler.scale(loss).backward()\n    scaler.step(opt)",
+    ],
+)
+def test_a_scaler_branch_the_split_cannot_follow_stays_refused(branch):
+    result = _outcomes(_SCALER_LOOP.format(branch=textwrap.indent(branch, " " * 8)))
+    [loop] = _train_loops(result)
+    assert not loop.rewritten or loop.model_only
+    assert "GFY706" in loop.reasons or loop.model_only

@@ -180,14 +180,7 @@ def _tensor_op(node: cst.Call, env: Env) -> bool:
 
 
 def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> None:
-    span = list(range(plan.first, plan.last + 1))  # GradScaler.step/update (unscaling, clipping) run eagerly after
-    for i in span:
-        if any(is_scaler_call(n, env) for n in walk(body[i])):
-            if not any(isinstance(n, cst.Call) and is_backward(n, env) for j in span if j < i for n in walk(body[j])):
-                _refuse_scaler_before_backward(body[i], env)
-            plan.tail = [j for j in span if j >= i]
-            span = [j for j in span if j < i]
-            break
+    span, scaler_branch = _split_at_scaler(plan, body, env)
     graph_writes: set[str] = set()
     rebound = rebound_in_loop(plan.loop)
     for pos, i in enumerate(span):
@@ -209,7 +202,7 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> 
             plan.graph.append(i)
             graph_writes |= writes
             if isinstance(stmt, cst.If):
-                _plan_keyed_if(plan, i, stmt, env, later_reads, refuse)
+                _plan_keyed_if(plan, i, stmt, env, later_reads, refuse, scaler_branch.get(i))
                 host = [stmt.body.body[k] for k in plan.split_ifs.get(i, [])]
                 _refuse_rebound(host, set().union(*(names_written(body[j]) for j in span[pos + 1 :])), refuse)
             continue
@@ -289,6 +282,41 @@ def _pull_in_zero_grad(plan: Plan, body: list[cst.BaseStatement], env: Env) -> N
             or any(isinstance(n, cst.Attribute) and n.attr.value == "grad" for n in walk(stmt))
         ):
             return
+
+
+def _split_at_scaler(plan: Plan, body: list[cst.BaseStatement], env: Env) -> tuple[list[int], dict[int, int]]:
+    """The statements of the step that may be captured: GradScaler.step/update (unscaling, clipping) and
+    what follows run eagerly after the call (plan.tail). A keyed `if` holding the scaled backward and
+    the scaler's step: its index -> where in its branch the eager part starts."""
+    span = list(range(plan.first, plan.last + 1))
+    for i in span:
+        if not any(is_scaler_call(n, env) for n in walk(body[i])):
+            continue
+        if any(isinstance(n, cst.Call) and is_backward(n, env) for j in span if j < i for n in walk(body[j])):
+            plan.tail = [j for j in span if j >= i]
+            return [j for j in span if j < i], {}
+        if (k := _scaler_after_backward_in_branch(body[i], env)) is not None:
+            plan.tail = [j for j in span if j > i]  # `if use_amp: <scaled backward>; scaler.step(...) else: ...`
+            return [j for j in span if j <= i], {i: k}
+        _refuse_scaler_before_backward(body[i], env)
+    return span, {}
+
+
+def _scaler_after_backward_in_branch(stmt: cst.BaseStatement, env: Env) -> int | None:
+    """In `if use_amp: scaler.scale(loss).backward(); scaler.step(opt); scaler.update() else: loss.backward();
+    opt.step()`, where the `if`'s own branch hands over to the scaler (the index of that statement): from there
+    on the branch runs eagerly after the replay, under the same test, as a GradScaler step does after an
+    unbranched backward. None when the scaler comes before the branch's backward, or stands in an `elif`/`else`."""
+    if not isinstance(stmt, cst.If):
+        return None
+    chain = if_chain(stmt)
+    if chain.one_line or any(is_scaler_call(n, env) for branch in chain.branches[1:] for s in branch for n in walk(s)):
+        return None
+    branch = chain.branches[0]
+    first = next((k for k, s in enumerate(branch) if any(is_scaler_call(n, env) for n in walk(s))), None)
+    if first is None or not any(isinstance(n, cst.Call) and is_backward(n, env) for s in branch[:first] for n in walk(s)):
+        return None
+    return first
 
 
 def _refuse_scaler_before_backward(stmt: cst.BaseStatement, env: Env) -> None:
@@ -381,11 +409,12 @@ def _is_periodic_branch(body: list[cst.BaseStatement], index: int, anchors: list
     return not names_written(stmt) & step_reads
 
 
-def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env, read_after: set[str], refuse) -> None:
+def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env, read_after: set[str], refuse, eager_from: int | None = None) -> None:
     """A host branch whose branches do GPU work: the key holds every test's outcome (`if a: ... elif b: ...
     else: ...` keys on `a` and `b`), so each way through gets its graph. Host statements of the `if`'s own
-    branch are split out to run eagerly; in an `elif` or `else` only statements that run the same at
-    capture as at every replay may stand beside the GPU work (bindings of items and containers)."""
+    branch are split out to run eagerly, and so is all of it from `eager_from` on (a GradScaler's step);
+    in an `elif` or `else` only statements that run the same at capture as at every replay may stand
+    beside the GPU work (bindings of items and containers)."""
     if env._tensor(stmt.test, 0) is True:
         return
     chain = if_chain(stmt)
@@ -403,6 +432,9 @@ def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env, read_after: s
     # then `loss(out, target)`): a binding then stays in the graph, anything else cannot be split off
     branch, host = list(stmt.body.body), []
     for k, s in enumerate(branch):
+        if eager_from is not None and k >= eager_from:
+            host.append(k)
+            continue
         if does_gpu_work(s, env):
             continue
         needed = names_written(s) & (read_after | set().union(*(names_read(t) for t in branch[k + 1 :])))
