@@ -1185,3 +1185,43 @@ def test_a_scaler_branch_the_split_cannot_follow_stays_refused(branch):
     [loop] = _train_loops(result)
     assert not loop.rewritten or loop.model_only
     assert "GFY706" in loop.reasons or loop.model_only
+
+
+def test_host_statements_of_every_branch_of_a_keyed_if_run_after_the_replay():
+    """`if use_amp: with autocast(): <forward>; losses.append(loss.item()) else: <forward>; losses.append(...)`:
+    each branch keeps its GPU work in the graph of its outcome; its bookkeeping runs after the replay under
+    the same test (the `with` block too), in the `else` as in the `if`."""
+    source = """
+    def train(model, loader, opt, device, use_amp):
+        losses, plain_steps = [], 0
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            if use_amp:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    out = model(x)
+                    loss = F.mse_loss(out.float(), y)
+                    losses.append(loss.item())
+            else:
+                out = model(x)
+                loss = F.mse_loss(out, y)
+                losses.append(loss.item())
+                plain_steps += 1
+            loss.backward()
+            opt.step()
+        return losses, plain_steps
+    """
+    result = _outcomes(source)
+    [loop] = _train_loops(result)
+    assert loop.rewritten and not loop.model_only, loop.reasons
+    step = result.code.split("def train_step(", 1)[1].split("train_step = CapturedStep", 1)[0]
+    assert ".item()" not in step and "plain_steps" not in step and "else:" in step
+    moved = result.code.split("# graphify: replay the captured step", 1)[1].split("\n", 2)[2]
+    assert moved.startswith(
+        "        if use_amp:\n"
+        '            with torch.autocast("cuda", dtype=torch.bfloat16):\n'
+        "                losses.append(loss.item())\n"
+        "        else:\n"
+        "            losses.append(loss.item())\n"
+        "            plain_steps += 1\n"
+    ), moved

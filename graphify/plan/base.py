@@ -48,7 +48,9 @@ class Plan:
     graph: list[int] = field(default_factory=list)  # body indexes captured
     before: list[int] = field(default_factory=list)  # step statements moved before the call
     after: list[int] = field(default_factory=list)  # step statements moved after the call
-    split_ifs: dict[int, list[int]] = field(default_factory=dict)  # keyed if -> host statements of its body, run after
+    # keyed if -> per branch (the `if`'s, each `elif`'s, the `else`'s), the indexes of its statements (as
+    # step_statements opens them) that run after the replay, under the same tests (split_branches)
+    split_ifs: dict[int, list[set[int]]] = field(default_factory=dict)
     tail: list[int] = field(default_factory=list)  # eager statements after the call (GradScaler)
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
@@ -153,24 +155,24 @@ class StepBody:
         return out
 
 
-def step_statements(statements) -> StepBody:
+def step_statements(statements, guards: bool = True) -> StepBody:
     body = StepBody([], [], [])
     for origin, stmt in enumerate(statements):
-        for opened, block in _opened(stmt):
+        for opened, block in _opened(stmt, guards):
             body.statements.append(opened)
             body.origins.append(origin)
             body.blocks.append(block)
     return body
 
 
-def _opened(stmt: cst.BaseStatement) -> list[tuple[cst.BaseStatement, cst.With | None]]:
+def _opened(stmt: cst.BaseStatement, guards: bool) -> list[tuple[cst.BaseStatement, cst.With | None]]:
     if is_mode_block(stmt):
         inner = stmt.body.body
         return [
             (stmt.with_changes(body=stmt.body.with_changes(body=[s]), leading_lines=stmt.leading_lines if k == 0 else []), stmt)
             for k, s in enumerate(inner)
         ]
-    exit_branch = exit_else(stmt)
+    exit_branch = exit_else(stmt) if guards else None
     if exit_branch is not None:
         guard = cst.If(
             test=cst.UnaryOperation(operator=cst.Not(), expression=_parenthesized(stmt.test)),
@@ -179,6 +181,54 @@ def _opened(stmt: cst.BaseStatement) -> list[tuple[cst.BaseStatement, cst.With |
         )
         return [(guard, None), *((s, None) for s in stmt.body.body)]
     return [(stmt, None)]
+
+
+def branch_statements(stmt: cst.If) -> list[StepBody]:
+    """Each branch of a keyed `if` chain as the planner reads it: its mode blocks opened."""
+    return [step_statements(branch, guards=False) for branch in if_chain(stmt).branches]
+
+
+def split_branches(stmt: cst.If, moved: list[set[int]]) -> tuple[cst.If, cst.If | None]:
+    """A keyed `if` split in two: the chain with the statements the step keeps in each branch, and the
+    chain with those that run after the replay (branches left empty at its end dropped; None if none)."""
+    kept, after = [], []
+    for b, branch in enumerate(branch_statements(stmt)):
+        indexes = moved[b] if b < len(moved) else set()
+        kept.append(branch.regroup([(k, s) for k, s in enumerate(branch.statements) if k not in indexes]))
+        after.append(branch.regroup([(k, s) for k, s in enumerate(branch.statements) if k in indexes]))
+    kept_used = max((b for b, branch in enumerate(kept) if branch), default=0)
+    used = max((b for b, branch in enumerate(after) if branch), default=None)
+    return _with_branches(stmt, kept[: kept_used + 1]), None if used is None else _with_branches(stmt, after[: used + 1])
+
+
+def moved_statements(stmt: cst.If, moved: list[set[int]]) -> list[cst.BaseStatement]:
+    """The source's statements of a keyed `if` that run after the replay (inside a mode block: its own)."""
+    found = []
+    for branch, indexes in zip(branch_statements(stmt), moved):
+        for k in sorted(indexes):
+            opened = branch.statements[k]
+            found.extend(opened.body.body if branch.blocks[k] is not None else [opened])
+    return found
+
+
+def _with_branches(node: cst.If, branches: list[list[cst.BaseStatement]]) -> cst.If:
+    """`node`'s chain with each branch's statements replaced, in order; branches past the list dropped."""
+    body = node.body.with_changes(body=branches[0] or [cst.SimpleStatementLine([cst.Pass()])])
+    rest = branches[1:]
+    if not rest or node.orelse is None:
+        return node.with_changes(body=body, orelse=None)
+    if isinstance(node.orelse, cst.If):
+        return node.with_changes(body=body, orelse=_with_branches(node.orelse, rest))
+    block = node.orelse.body.with_changes(body=rest[0] or [cst.SimpleStatementLine([cst.Pass()])])
+    return node.with_changes(body=body, orelse=node.orelse.with_changes(body=block))
+
+
+def source_of(node: cst.CSTNode | None) -> cst.CSTNode | None:
+    """The source's statement for a statement of a mode block as the planner opens it (a copy of the block
+    around it, which has no place in the file): where a reason about it is told."""
+    if is_mode_block(node) and len(node.body.body) == 1:
+        return node.body.body[0]
+    return node
 
 
 def is_mode_block(stmt: cst.CSTNode) -> bool:

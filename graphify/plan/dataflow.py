@@ -21,6 +21,7 @@ from graphify.analysis.names import dotted
 from graphify.analysis.statements import is_host_read_call, names_read, names_written, walk
 from graphify.analysis.tree import children
 from graphify.analysis.vocabulary import DDP, HOST_CLOCKS, MODEL, OPTIMIZER, SCALER
+from graphify.plan.base import moved_statements
 from graphify.rules.distributed import SYNC_FLAG
 from graphify.rules.rewrite_safety import HOST_SIDE_EFFECT, LOOP_SHAPE, MUTATED_STATE, ORDER
 
@@ -106,7 +107,8 @@ def captured_nodes(plan, body):
     here = Site(region.body_block, ())
     for i in plan.graph:
         stmt = plan.hoisted[i][0] if i in plan.hoisted else body[i]
-        kept_out = {id(body[i].body.body[k]) for k in plan.split_ifs.get(i, [])} | set(plan.draws)
+        kept_out = {id(s) for s in moved_statements(body[i], plan.split_ifs[i])} if i in plan.split_ifs else set()
+        kept_out |= set(plan.draws)
         for n in _walk_except(stmt, kept_out):
             yield n, here
     for node, site in region.nodes:

@@ -14,7 +14,7 @@ from graphify.analysis.statements import (
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
 from graphify.plan import dataflow
-from graphify.plan.base import Plan, if_chain, is_shape_read, rebound_in_loop
+from graphify.plan.base import Plan, if_chain, is_shape_read, rebound_in_loop, split_branches
 from graphify.plan.draws import replace_draws
 from graphify.rules.rewrite_safety import (
     HOST_BRANCH_IN_STEP,
@@ -28,19 +28,15 @@ def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enc
     if target is not None and any(isinstance(n, (cst.Subscript, cst.Attribute)) for n in _target_slots(target)):
         # `for cur["x"], cur["y"] in data`: the step would read the batch through the object, a replay its first one
         refuse(LOOP_SHAPE, target, "the loop binds its items to an item or attribute of an object, not to names the step can take in")
-    graph_stmts = [plan.hoisted[i][0] if i in plan.hoisted else replace_draws(plan, body[i]) for i in plan.graph]
+    graph_stmts = [plan.hoisted[i][0] if i in plan.hoisted else replace_draws(plan, _captured_part(plan, body, i)) for i in plan.graph]
     written = set().union(*(names_written(s) for s in graph_stmts))
-    for index, host in plan.split_ifs.items():  # host statements of keyed ifs leave the step
-        stmt = body[index]
-        kept = [s for k, s in enumerate(stmt.body.body) if k not in host]
-        written -= set().union(*(names_written(s) for s in (stmt.body.body[k] for k in host)))
-        written |= set().union(*(names_written(s) for s in kept))
     per_iteration = rebound_in_loop(plan.loop) - set().union(*(names_written(s) for s in graph_stmts)) if graph_stmts else set()
     per_iteration |= set().union(*(names_written(body[i]) for i in range(len(body)) if i not in plan.graph))
     if isinstance(plan.loop.node, cst.For):
         per_iteration |= names_written(cst.Assign([cst.AssignTarget(plan.loop.node.target)], cst.Name("_")))
-    # by every node: a statement opened from a mode block is a copy, its statements are the source's
-    captured = {id(n) for i in plan.graph for n in walk(body[i])}
+    # by every node: a statement opened from a mode block is a copy, its statements are the source's; the
+    # host statements of keyed ifs run after the call, and read what the step binds as code outside it does
+    captured = {id(n) for i in plan.graph for n in walk(body[i] if i in plan.hoisted else _captured_part(plan, body, i))}
     outside = _names_read_outside(enclosing, captured)
     outside |= set().union(*(names_read(host) for _, host in plan.hoisted.values()))
     # a name the function declares `global` is bound outside it, at module level
@@ -75,6 +71,11 @@ def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enc
     _refuse_outputs_bound_on_some_steps(plan, body, refuse)
     after_loop = _names_read_outside(enclosing, {id(plan.loop.node)})
     plan.clones = [n for n in plan.outputs if n in after_loop or _kept_in_loop(n, body, plan)]
+
+
+def _captured_part(plan: Plan, body: list[cst.BaseStatement], index: int) -> cst.BaseStatement:
+    """A statement of the step as the graph runs it: a keyed `if` without the host statements that leave it."""
+    return split_branches(body[index], plan.split_ifs[index])[0] if index in plan.split_ifs else body[index]
 
 
 def _refuse_outputs_bound_on_some_steps(plan: Plan, body: list[cst.BaseStatement], refuse) -> None:

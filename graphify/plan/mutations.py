@@ -16,6 +16,7 @@ from graphify.analysis.names import class_made, dotted
 from graphify.analysis.tree import descendants
 from graphify.analysis.vocabulary import OPTIMIZER, SCHEDULER
 from graphify.analysis.statements import names_read, names_written, walk
+from graphify.plan.base import moved_statements
 from graphify.plan.dataflow import attribute_targets, captured_nodes, target_parts
 from graphify.rules.rewrite_safety import MUTATED_STATE
 
@@ -33,7 +34,7 @@ def check_loop_mutations(plan, body, refuse) -> None:
     captured = list(captured_nodes(plan, body))
     _loop_names_read_by_calls(plan, captured, refuse)
     graph_ids = {id(n) for i in plan.graph for n in walk(body[i])}
-    kept_out = {id(n) for i, ks in plan.split_ifs.items() for k in ks for n in walk(body[i].body.body[k])}
+    kept_out = {id(n) for i, split in plan.split_ifs.items() for s in moved_statements(body[i], split) for n in walk(s)}
     rebound = names_written(plan.loop.node)  # its target included
     assigned = []  # (chain in the loop's scope, node, where)
     globals_changed = []  # (module name, node, where)

@@ -43,9 +43,12 @@ from graphify.plan.base import (
     has_side_effects,
     in_loop_scope,
     is_scaler_call,
+    branch_statements,
     is_mode_block,
     is_zero_grad,
+    moved_statements,
     rebound_in_loop,
+    source_of,
     same,
     sets_lr,
     step_statements,
@@ -73,10 +76,11 @@ def make_plan(
     first reason found. `refusals` receives every reason found, for `check` (checks that can go on past a
     reason go on); `fetches`, the `next(...)` calls the plan would fetch before the step, refused or not."""
     found = [] if refusals is None else refusals
-    refuse = lambda rule, node, message, certain=True: found.append(Refusal(rule, message, node, certain))  # noqa: E731
+    refuse = lambda rule, node, message, certain=True: found.append(Refusal(rule, message, source_of(node), certain))  # noqa: E731
     try:
         plan = _make_plan(loop, findings, enclosing, refuse, [] if fetches is None else fetches)
     except Refusal as refusal:
+        refusal.node = source_of(refusal.node)
         found.append(refusal)
     if found:
         raise found[0]
@@ -203,7 +207,7 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> 
             graph_writes |= writes
             if isinstance(stmt, cst.If):
                 _plan_keyed_if(plan, i, stmt, env, later_reads, refuse, scaler_branch.get(i))
-                host = [stmt.body.body[k] for k in plan.split_ifs.get(i, [])]
+                host = moved_statements(stmt, plan.split_ifs[i]) if i in plan.split_ifs else []
                 _refuse_rebound(host, set().union(*(names_written(body[j]) for j in span[pos + 1 :])), refuse)
             continue
         if writes & later_reads:
@@ -312,7 +316,7 @@ def _scaler_after_backward_in_branch(stmt: cst.BaseStatement, env: Env) -> int |
     chain = if_chain(stmt)
     if chain.one_line or any(is_scaler_call(n, env) for branch in chain.branches[1:] for s in branch for n in walk(s)):
         return None
-    branch = chain.branches[0]
+    branch = step_statements(chain.branches[0], guards=False).statements
     first = next((k for k, s in enumerate(branch) if any(is_scaler_call(n, env) for n in walk(s))), None)
     if first is None or not any(isinstance(n, cst.Call) and is_backward(n, env) for s in branch[:first] for n in walk(s)):
         return None
@@ -411,10 +415,10 @@ def _is_periodic_branch(body: list[cst.BaseStatement], index: int, anchors: list
 
 def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env, read_after: set[str], refuse, eager_from: int | None = None) -> None:
     """A host branch whose branches do GPU work: the key holds every test's outcome (`if a: ... elif b: ...
-    else: ...` keys on `a` and `b`), so each way through gets its graph. Host statements of the `if`'s own
-    branch are split out to run eagerly, and so is all of it from `eager_from` on (a GradScaler's step);
-    in an `elif` or `else` only statements that run the same at capture as at every replay may stand
-    beside the GPU work (bindings of items and containers)."""
+    else: ...` keys on `a` and `b`), so each way through gets its graph. In every branch, host statements
+    the step does not read run after the replay under the same tests (plan.split_ifs), and so does all of
+    the `if`'s own branch from `eager_from` on (a GradScaler's step); a host statement the step reads may
+    stay in the graph only if it runs the same at capture as at every replay (a binding of items)."""
     if env._tensor(stmt.test, 0) is True:
         return
     chain = if_chain(stmt)
@@ -422,30 +426,26 @@ def _plan_keyed_if(plan: Plan, index: int, stmt: cst.If, env: Env, read_after: s
         return refuse(HOST_BRANCH_IN_STEP, stmt, "a one-line host branch inside the step")
     if any(env._tensor(test, 0) is True for test in chain.tests[1:]):
         return refuse(HOST_BRANCH_IN_STEP, stmt, "an `elif` on a tensor value inside the step")
-    for branch in chain.branches[1:]:
-        if not all(does_gpu_work(s, env) or is_pure_binding(s) for s in branch):
-            return refuse(
-                HOST_BRANCH_IN_STEP, stmt.orelse, "host statements in an `elif` or `else` branch of a host branch inside the step"
-            )
     plan.keys.append(index)
-    # host statements of the branch leave the step, unless the step reads what they bind (`target = y`,
-    # then `loss(out, target)`): a binding then stays in the graph, anything else cannot be split off
-    branch, host = list(stmt.body.body), []
-    for k, s in enumerate(branch):
-        if eager_from is not None and k >= eager_from:
-            host.append(k)
-            continue
-        if does_gpu_work(s, env):
-            continue
-        needed = names_written(s) & (read_after | set().union(*(names_read(t) for t in branch[k + 1 :])))
-        if needed and not is_pure_binding(s):
-            return refuse(
-                HOST_BRANCH_IN_STEP, s, f"a host statement of a branch inside the step binds `{min(needed)}`, which the step reads"
-            )
-        if not needed:
-            host.append(k)
-    if host:
-        plan.split_ifs[index] = host
+    moved = []
+    for b, branch in enumerate(branch_statements(stmt)):
+        statements, host = branch.statements, set()
+        for k, s in enumerate(statements):
+            if b == 0 and eager_from is not None and k >= eager_from:
+                host.add(k)
+                continue
+            if does_gpu_work(s, env):
+                continue
+            needed = names_written(s) & (read_after | set().union(*(names_read(t) for t in statements[k + 1 :])))
+            if needed and not is_pure_binding(source_of(s)):
+                return refuse(
+                    HOST_BRANCH_IN_STEP, s, f"a host statement of a branch inside the step binds `{min(needed)}`, which the step reads"
+                )
+            if not needed:
+                host.add(k)
+        moved.append(host)
+    if any(moved):
+        plan.split_ifs[index] = moved
 
 
 def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStatement], refuse) -> None:
@@ -488,6 +488,6 @@ def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStat
             refuse(f.rule, f.node, f"{f.message} (inside a function the step calls)")
             continue
         index = body.index(stmt)
-        moved = plan.split_ifs.get(index, [])
-        if not any(contains(stmt.body.body[k], f.node) for k in moved) if index in plan.split_ifs else True:
+        moved = moved_statements(stmt, plan.split_ifs[index]) if index in plan.split_ifs else []
+        if not any(contains(s, f.node) for s in moved):
             refuse(f.rule, f.node, f"{f.message} (would stay inside the captured step)")

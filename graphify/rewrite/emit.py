@@ -10,7 +10,7 @@ import libcst as cst
 from graphify.analysis.names import dotted
 from graphify.plan import PartialPlan, Plan
 from graphify.plan.draws import draw_statement, drawn_value
-from graphify.plan.base import if_chain, step_statements
+from graphify.plan.base import if_chain, split_branches, step_statements
 
 CAPTURED_STEP, GRAPHED_MODULE, DDP_BUILDER = "CapturedStep", "GraphedModule", "build_on_capture_stream"
 
@@ -53,10 +53,8 @@ def _moved_after(plan: Plan, stmts: list[cst.BaseStatement]) -> list[tuple[int, 
     for i in sorted(plan.after + plan.tail + list(plan.split_ifs) + list(plan.hoisted)):
         if i in plan.hoisted:
             moved.append((i, plan.hoisted[i][1]))
-        elif i in plan.split_ifs:
-            # the branch's host statements only: its `elif`/`else` branches ran in the graph
-            host = [stmts[i].body.body[k] for k in plan.split_ifs[i]]
-            moved.append((i, stmts[i].with_changes(body=stmts[i].body.with_changes(body=host), orelse=None)))
+        elif i in plan.split_ifs:  # the branches' host statements, under the same tests
+            moved.append((i, split_branches(stmts[i], plan.split_ifs[i])[1]))
         else:
             moved.append((i, stmts[i]))
     return moved
@@ -168,7 +166,7 @@ class Rewriter(cst.CSTTransformer):
         self._define_step(emission, step_body)
         key = ""
         if plan.keys:
-            tests = [_EMPTY.code_for_node(test) for i in plan.keys for test in if_chain(stmts[i]).tests]
+            tests = list(dict.fromkeys(_EMPTY.code_for_node(test) for i in plan.keys for test in if_chain(stmts[i]).tests))
             key = f", key=({', '.join(tests)},)"
         call = f"{emission.step_name}({', '.join(plan.inputs)}{key})"
         if plan.outputs:
@@ -212,11 +210,7 @@ class Rewriter(cst.CSTTransformer):
 
     @staticmethod
     def _captured(plan: Plan, index: int, stmt: cst.BaseStatement) -> cst.BaseStatement:
-        host = plan.split_ifs.get(index)
-        if not host:
-            return stmt
-        kept = [s for k, s in enumerate(stmt.body.body) if k not in host]
-        return stmt.with_changes(body=stmt.body.with_changes(body=kept))
+        return split_branches(stmt, plan.split_ifs[index])[0] if index in plan.split_ifs else stmt
 
     # ---- where step functions and the helper go ----------------------------------------------------
 
