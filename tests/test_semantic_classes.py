@@ -1225,3 +1225,39 @@ def test_host_statements_of_every_branch_of_a_keyed_if_run_after_the_replay():
         "            losses.append(loss.item())\n"
         "            plain_steps += 1\n"
     ), moved
+
+
+def test_host_statements_of_builtins_and_a_branch_rebinding_an_input_stay_in_the_step():
+    """The siamese-network trainer: `if type(outputs) not in (tuple, list): outputs = (outputs,)` calls only
+    builtins that change nothing (computed once per graph), and `if target is not None: target = (target,)`
+    rebinds an input: on the steps that skip it, the step returns the target it was handed."""
+    source = """
+    def train_epoch(train_loader, model, loss_fn, optimizer, cuda):
+        losses = []
+        for batch_idx, (data, target) in enumerate(train_loader):
+            target = target if len(target) > 0 else None
+            if not type(data) in (tuple, list):
+                data = (data,)
+            if cuda:
+                data = tuple(d.cuda() for d in data)
+                if target is not None:
+                    target = target.cuda()
+            optimizer.zero_grad()
+            outputs = model(*data)
+            if type(outputs) not in (tuple, list):
+                outputs = (outputs,)
+            loss_inputs = outputs
+            if target is not None:
+                target = (target,)
+                loss_inputs += target
+            loss_outputs = loss_fn(*loss_inputs)
+            loss = loss_outputs[0] if type(loss_outputs) in (tuple, list) else loss_outputs
+            losses.append(loss.item())
+            loss.backward()
+            optimizer.step()
+        return losses
+    """
+    result = _outcomes(source)
+    [loop] = _train_loops(result)
+    assert loop.rewritten and not loop.model_only, loop.reasons
+    assert "key=(target is not None,)" in result.code

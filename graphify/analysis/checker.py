@@ -18,7 +18,7 @@ from graphify.analysis.targets import unwrap_iterable
 from graphify.analysis.names import dotted
 from graphify.analysis.program import ModuleInfo
 from graphify.analysis.values import Env
-from graphify.analysis.vocabulary import ADAM_FAMILY, SCALER, is_tensor_metadata_method, is_torch_tensor_call
+from graphify.analysis.vocabulary import ADAM_FAMILY, PURE_BUILTINS, SCALER, is_tensor_metadata_method, is_torch_tensor_call
 from graphify.model import Rule
 
 _EMPTY_MODULE = cst.Module([])
@@ -362,13 +362,10 @@ class Checker:
         return found
 
 
-_PURE_BUILTINS = {"len", "isinstance", "hasattr", "getattr", "min", "max", "abs", "int", "float", "bool", "str", "round", "any", "all"}
-
-
 def _pure_call(call: cst.Call) -> bool:
     """`len(x)`, `isinstance(x, T)`, `x.size(0)`, `x.is_contiguous()`: a call that reads and changes nothing."""
     if isinstance(call.func, cst.Name):
-        return call.func.value in _PURE_BUILTINS
+        return call.func.value in PURE_BUILTINS
     return isinstance(call.func, cst.Attribute) and is_tensor_metadata_method(call.func.attr.value)
 
 

@@ -179,3 +179,14 @@ def kind_by_name(name: str) -> str | None:
         if pattern.match(name):
             return kind
     return None
+
+
+# Builtins that read their arguments and change nothing: a statement calling only these has no effect
+# beyond the names it binds.
+PURE_BUILTINS = frozenset(
+    {
+        "len", "isinstance", "hasattr", "getattr", "type", "min", "max", "abs", "int", "float", "bool", "str",
+        "round", "any", "all", "format", "repr", "sum", "range", "enumerate", "zip", "list", "tuple", "dict",
+        "set", "sorted", "reversed",
+    }
+)  # fmt: skip

@@ -16,7 +16,7 @@ from graphify.analysis.statements import (
     walk,
 )
 from graphify.analysis.values import Env
-from graphify.analysis.vocabulary import SCALER
+from graphify.analysis.vocabulary import PURE_BUILTINS, SCALER
 from graphify.model import Rule
 
 FIXED_IN_PLACE = {"GFY401", "GFY251", "GFY422", "GFY501", "GFY411", "GFY412"}
@@ -283,7 +283,11 @@ def sets_lr(stmt: cst.CSTNode) -> bool:
 
 
 def has_side_effects(stmt: cst.CSTNode) -> bool:
-    return any(isinstance(n, cst.Call) and not is_shape_read(n) for n in walk(stmt))
+    """Whether it calls anything but shape reads and builtins that change nothing (`len`, `type`, `tuple`)."""
+    return any(
+        isinstance(n, cst.Call) and not is_shape_read(n) and not (isinstance(n.func, cst.Name) and n.func.value in PURE_BUILTINS)
+        for n in walk(stmt)
+    )
 
 
 def is_shape_read(call: cst.Call) -> bool:

@@ -20,7 +20,7 @@ from graphify.analysis.region import Site
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import is_host_read_call, names_read, names_written, walk
 from graphify.analysis.tree import children
-from graphify.analysis.vocabulary import DDP, HOST_CLOCKS, MODEL, OPTIMIZER, SCALER
+from graphify.analysis.vocabulary import DDP, HOST_CLOCKS, MODEL, OPTIMIZER, PURE_BUILTINS, SCALER
 from graphify.plan.base import moved_statements
 from graphify.rules.distributed import SYNC_FLAG
 from graphify.rules.rewrite_safety import HOST_SIDE_EFFECT, LOOP_SHAPE, MUTATED_STATE, ORDER
@@ -39,29 +39,7 @@ _MODE_METHODS = {
     "apply",
 }
 # Calls that only read host values: moving them out of the step does not change what the step computes.
-_PURE_BUILTINS = {
-    "len",
-    "min",
-    "max",
-    "abs",
-    "round",
-    "float",
-    "int",
-    "str",
-    "bool",
-    "format",
-    "repr",
-    "isinstance",
-    "sum",
-    "range",
-    "enumerate",
-    "zip",
-    "list",
-    "tuple",
-    "dict",
-    "sorted",
-    "print",
-}
+_MOVABLE_BUILTINS = PURE_BUILTINS | {"print"}
 # Methods that return a new value and change nothing, whatever their receiver (tensors, arrays).
 _PURE_METHODS = {
     "astype",
@@ -348,7 +326,7 @@ def _moved_effect(n, site, later: set[str], followed: set[int]) -> str | None:
     if not isinstance(n, cst.Call) or id(n) in followed or is_host_read_call(n, env) or is_logging_call(n, env):
         return None
     code = cst.Module([]).code_for_node(n.func)
-    if isinstance(n.func, cst.Name) and n.func.value in _PURE_BUILTINS:
+    if isinstance(n.func, cst.Name) and n.func.value in _MOVABLE_BUILTINS:
         return None
     qual = env.qualify(n.func) or ""
     if qual in HOST_CLOCKS:

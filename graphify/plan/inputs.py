@@ -83,6 +83,8 @@ def _refuse_outputs_bound_on_some_steps(plan: Plan, body: list[cst.BaseStatement
     earlier step's value on the steps that skip the branch. The captured step returns what it binds, and
     has nothing to return there, so such a step is not captured whole."""
     for name in plan.outputs:
+        if name in plan.inputs:
+            continue  # on the other steps the step returns what it was handed, as eager code keeps it
         binders = [i for i in plan.graph if name in names_written(body[i])]
         if binders and all(i in plan.keys and not _bound_on_every_outcome(body[i], name) for i in binders):
             why = f"`{name}` is bound only on steps that take this branch; the others read an earlier step's `{name}`, which the captured step cannot return"
