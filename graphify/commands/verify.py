@@ -30,18 +30,25 @@ import click
 @click.option(
     "--profile/--no-profile", default=True, show_default=True, help="Profile the last 5 steps on CUDA (kernels, launch overhead)."
 )
+@click.option(
+    "--time-split/--no-time-split",
+    default=True,
+    show_default=True,
+    help="Split each run's time: start-up, data wait, host-to-device copies, step, host reads, evaluation, rest.",
+)
 @click.option("--timeout", type=click.FloatRange(min=1), help="Seconds each version may run.")
 @click.option("--keep", is_flag=True, help="Keep the instrumented scripts and their output; print where.")
 @click.option(
     "--rewritten", type=click.Path(dir_okay=False), help="Verify this rewrite of SCRIPT (edited by hand, or older) instead of graphify's."
 )
-def verify_command(script, script_args, steps, rtol, atol, as_json, profile, timeout, keep, rewritten) -> None:
+def verify_command(script, script_args, steps, rtol, atol, as_json, profile, time_split, timeout, keep, rewritten) -> None:
     """Run SCRIPT and its `graphify rewrite` side by side and check they train the same.
 
     Both run STEPS steps of the rewritten loop with the same seeds, the rewrite on the original's
     trajectory: each step starts from the original's state after the step before, and its losses and
     resulting state are compared. On CUDA the step time, setup time, memory and launch overhead are
-    reported. Arguments after `--` go to the script.
+    reported, and where each run's time goes (data wait, copies, the step...) with the most capture can
+    save. Arguments after `--` go to the script.
     """
     from rich.console import Console
 
@@ -71,6 +78,7 @@ def verify_command(script, script_args, steps, rtol, atol, as_json, profile, tim
             atol,
             settings=settings,
             profile=profile,
+            time_split=time_split,
             timeout=timeout,
             keep=keep,
             progress=progress,

@@ -36,6 +36,7 @@ def verify_file(
     progress=None,
     rewrite_hook: Callable[[str], str] | None = None,
     rewritten: str | None = None,
+    time_split: bool = True,
 ) -> VerifyReport:
     """Verify `graphify rewrite` of the script at `path` over its first `steps` steps; with `rewritten`
     (a path), verify that file instead, a rewrite edited by hand or made by an older graphify.
@@ -44,8 +45,9 @@ def verify_file(
 
     rtol/atol: None for the defaults (exact on the CPU; on CUDA by precision, see compare.CUDA_TOLERANCES). `progress`: an object with
     `stage(text)` and `step(label, done, total)` (see display.Progress). `rewrite_hook` changes the
-    rewritten source before it runs (tests use it to plant wrong rewrites). Never raises for a bad
-    script: the report's exit_code and message say what happened.
+    rewritten source before it runs (tests use it to plant wrong rewrites). `time_split`: split each
+    run's time into start-up, data wait, copies, step, host reads, evaluation and the rest (timing.py).
+    Never raises for a bad script: the report's exit_code and message say what happened.
     """
     from graphify.files import SourceError, read_source
     from graphify.verify.instrument import InstrumentError, instrument, instrument_given
@@ -63,18 +65,14 @@ def verify_file(
         return _end(report, ERROR, f"cannot read {reading}: {exc.message}")
     except InstrumentError as exc:
         return _end(report, ERROR, str(exc))
-    report.loop = {
-        "line": inst.line,
-        "kind": inst.kind,
-        "function": inst.function,
-        "step_function": inst.step_name,
-        "records_values": inst.records_values,
-    }
-    rewritten = rewrite_hook(inst.rewritten) if rewrite_hook else inst.rewritten
+    report.loop = {"line": inst.line, "kind": inst.kind, "function": inst.function}
+    report.loop.update(step_function=inst.step_name, records_values=inst.records_values)
+    original, rewritten = _versions(inst, rewrite_hook, time_split)
     workdir = tempfile.mkdtemp(prefix="graphify-verify-")
     until_reentry = REENTRY_MAX_STEPS if steps is None and inst.reenterable else None
+    options = {"profile": profile, "timeout": timeout, "until_reentry": until_reentry, "time_split": time_split}
     try:
-        _run(report, inst.original, rewritten, workdir, profile, timeout, progress, rtol, atol, until_reentry)
+        _run(report, original, rewritten, workdir, progress, rtol, atol, options)
         _warn_uncovered(report, inst)
         return report
     finally:
@@ -84,7 +82,15 @@ def verify_file(
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run(report, original_code, rewritten_code, workdir, profile, timeout, progress, rtol, atol, until_reentry) -> VerifyReport:
+def _versions(inst, rewrite_hook, time_split: bool) -> tuple[str, str]:
+    """The code each version runs: the rewrite as the hook leaves it; with the time split, both with its marks."""
+    from graphify.verify.instrument import timing_marks
+
+    rewritten = rewrite_hook(inst.rewritten) if rewrite_hook else inst.rewritten
+    return timing_marks(inst.original, rewritten, inst.other_loops) if time_split else (inst.original, rewritten)
+
+
+def _run(report, original_code, rewritten_code, workdir, progress, rtol, atol, options: dict) -> VerifyReport:
     from graphify.verify.compare import compare_runs, tolerances
     from graphify.verify.runner import run_version
 
@@ -99,18 +105,16 @@ def _run(report, original_code, rewritten_code, workdir, profile, timeout, progr
             report.steps_requested,
             report.args,
             workdir,
-            profile=profile,
             states_out=states if label == "original" else None,
             states_in=states if label == "rewrite" else None,
-            until_reentry=until_reentry,
-            timeout=timeout,
             on_step=lambda n, label=label: progress.step(label, n, report.steps_requested),
+            **options,
         )
         runs[label] = run
         setattr(report, label, run)
         if not run.ok:
             what = "the original script" if label == "original" else "the rewritten script"
-            why = f"timed out after {timeout:g} s" if run.timed_out else f"failed (exit status {run.returncode})"
+            why = f"timed out after {options['timeout']:g} s" if run.timed_out else f"failed (exit status {run.returncode})"
             report.detail = run.stderr_tail + ("" if label == "original" else "\n(--keep keeps the rewritten script to inspect)")
             return _end(report, ERROR if label == "original" else FAILED, f"{what} {why}")
         if label == "original" and run.steps == 0:

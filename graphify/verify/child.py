@@ -1,7 +1,7 @@
 """Runs one version of a script for `graphify verify`:
 
     python graphify/verify/child.py SCRIPT OUT.json STEPS [--as PATH] [--profile]
-        [--states-out DIR | --states-in DIR] -- ARGS...
+        [--states-out DIR | --states-in DIR] [--time-split [--started EPOCH]] -- ARGS...
 
 (or `python -m graphify.verify.child ...`). It imports nothing from graphify, so the runner starts it
 by path and the script's import path stays as if it were run directly.
@@ -14,7 +14,9 @@ optimizer state) and ends the script. A script that ends on its own is recorded 
 With --until-reentry MAX the run goes on past STEPS, up to MAX steps, until the loop has been entered a
 second time and run 10 steps there (a `train()` called per epoch). With --states-out DIR the run saves its state after each step; with --states-in DIR it loads the saved
 state after each step and records how far its own state was from it (teacher forcing, forcing.py).
-Step times exclude that work.
+Step times exclude that work. With --time-split the run's wall clock, from EPOCH (time.time() when the
+runner started this process), is split into start-up, data wait, copies, step, host reads, evaluation
+and the rest (timing.py, loaded by path like forcing.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import warnings
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch", "cuGraphLaunch")
 PROFILED_STEPS = 5
 REENTRY_STEPS = 10  # steps compared after the loop was entered again
+_IMPORTED = time.perf_counter()  # where the run's time split starts when the runner gave no process start
 
 
 class StopScript(BaseException):
@@ -55,13 +58,17 @@ class Recorder:
         self.profile_start = 0.0
         self.profile_result: dict | None = None
         self.start = time.perf_counter()
+        self.sync = torch.cuda.synchronize  # the probe's own: not the wrapped one, which times host reads
+        self.split = None  # timing.TimeSplit, with --time-split
 
     def __call__(self, value, optimizers=None, carried=()) -> None:
         torch = self.torch
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         if cuda:
-            torch.cuda.synchronize()
+            self.sync()
         end = time.perf_counter()
+        if self.split is not None:
+            self.split.step_end(end)  # the step ends here; what follows up to the script is verify's own work
         self.times.append(end - self.paused)
         self.values.append(_floats(torch, value))
         if optimizers is not None:
@@ -72,16 +79,21 @@ class Recorder:
         if self.forcing is not None:
             self.forcing.after_step(n, self.optimizers, carried)
             if cuda:
-                torch.cuda.synchronize()
+                self.sync()
             self.paused += time.perf_counter() - end
         if self.profile and cuda and n == self.steps - PROFILED_STEPS and n >= 15:  # well after capture
             self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
             self.profiler.__enter__()
-            self.profile_start = time.perf_counter()  # the profiler's own start-up is not a step
+            # the profiler's own start-up is not a step; on the clock of self.times, which leaves out saving and loading states
+            self.profile_start = time.perf_counter() - self.paused
         if n >= self.steps:
             self._stop_profiler()
         if self._done(n):
+            if self.split is not None:
+                self.split.stop(end)
             raise StopScript
+        if self.split is not None and self.profiler is None:  # the profiled steps stay out of the time split
+            self.split.resume(time.perf_counter())
 
     def _done(self, n: int) -> bool:
         if self.until_reentry is None:
@@ -92,6 +104,22 @@ class Recorder:
     def enter(self) -> None:
         """Called just before the probed loop starts."""
         self.entries.append(len(self.times))
+        if self.split is not None:
+            self.split.enter(time.perf_counter())
+
+    def data(self, iterable):
+        """`for x in __graphify_probe__.data(loader):` the probed loop's iterable, its `next()` timed."""
+        return iterable if self.split is None else self.split.iterate(iterable)
+
+    def other(self, line: int) -> None:
+        """Called just before another loop of the script (an evaluation loop) starts."""
+        if self.split is not None:
+            self.split.other(line, time.perf_counter())
+
+    def other_end(self, line: int) -> None:
+        """Called just after that loop."""
+        if self.split is not None:
+            self.split.other_end(line, time.perf_counter())
 
     def _stop_profiler(self) -> None:
         if self.profiler is None:
@@ -105,6 +133,8 @@ class Recorder:
 
     def finish(self, ended: str) -> None:
         torch = self.torch
+        if self.split is not None:
+            self.split.stop(time.perf_counter())  # a script that ended on its own: its end (else the last probe)
         self._stop_profiler()
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         params, state, params_on_cuda = _optimizer_tensors(torch, self.optimizers)
@@ -125,6 +155,7 @@ class Recorder:
             "fallbacks": _FALLBACKS[:5],
             "entries": self.entries,
             "lrs": self.lrs,
+            "time_split": self.split.summary() if self.split is not None else None,
         }
         if self.forcing is not None and self.forcing.mode == "force":
             data["forced"] = {"steps": self.forcing.forced, "metrics": self.forcing.metrics}
@@ -290,16 +321,35 @@ def _same_arithmetic(torch) -> None:
     torch.optim.Optimizer.__init__ = capturable_init
 
 
-def _load_forcing():
-    """forcing.py beside this file, by path: the child imports nothing through the graphify package."""
+def _load(name: str):
+    """A module beside this file (forcing.py, timing.py), by path: the child imports nothing through the graphify package."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "_graphify_forcing", os.path.join(os.path.dirname(os.path.abspath(__file__)), "forcing.py")
+        f"_graphify_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _prepare(torch) -> None:
+    """What both versions run with: the same seeds and arithmetic, and what the run records."""
+    _seed(torch)
+    _same_arithmetic(torch)
+    _record_autocast(torch)
+    _count_captures(torch)
+    _record_fallbacks()
+
+
+def _time_split(torch, started: float | None):
+    """Where the run's time goes (timing.py), from the process start: the wrappers go on now."""
+    timing = _load("timing")
+    now = time.perf_counter()
+    origin = now - max(0.0, time.time() - started) if started else _IMPORTED
+    split = timing.TimeSplit(min(origin, now))
+    timing.install(torch, split)
+    return split
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -314,6 +364,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--states-out")
     parser.add_argument("--states-in")
     parser.add_argument("--until-reentry", type=int)
+    parser.add_argument("--time-split", action="store_true")
+    parser.add_argument("--started", type=float)  # time.time() when the runner started this process
     ns = parser.parse_args(argv[:split])
     script_args = argv[split + 1 :]
     as_path = os.path.abspath(ns.as_path or ns.script)
@@ -326,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
     progress_fd = os.open(ns.out[:-5] + ".progress", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     forcing = None
     if ns.states_out or ns.states_in:
-        forcing = _load_forcing().Forcing(torch, "record" if ns.states_out else "force", ns.states_out or ns.states_in)
+        forcing = _load("forcing").Forcing(torch, "record" if ns.states_out else "force", ns.states_out or ns.states_in)
     recorder = Recorder(torch, ns.steps, ns.out, ns.profile, progress_fd, forcing, ns.until_reentry)
     builtins.__graphify_probe__ = recorder
     sys.argv = [as_path] + script_args
@@ -334,11 +386,9 @@ def main(argv: list[str] | None = None) -> None:
     module.__file__ = as_path
     module.__builtins__ = builtins
     sys.modules["__main__"] = module
-    _seed(torch)
-    _same_arithmetic(torch)
-    _record_autocast(torch)
-    _count_captures(torch)
-    _record_fallbacks()
+    _prepare(torch)
+    if ns.time_split:  # after the recorder kept the unwrapped synchronize
+        recorder.split = _time_split(torch, ns.started)
     global _cuda_seen
     _cuda_seen = torch.cuda.is_available()
     code_ = 0

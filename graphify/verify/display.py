@@ -14,6 +14,7 @@ from rich.progress import (
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
+from graphify.verify import timing
 from graphify.verify.report import VerifyReport
 
 
@@ -62,6 +63,8 @@ def render(report: VerifyReport, console: Console, errors: Console | None = None
         console.print(f"[bold]{report.path}[/]: {where}, captured as {loop['step_function']}" + (f"; ran on {device}" if device else ""))
     if report.original is not None and report.original.ok and report.rewrite is not None:
         console.print(_runs_table(report))
+        if report.rewrite.ok and report.original.data.get("time_split"):
+            console.print(_time_table(report))
     if report.comparison is not None:
         console.print(_equivalence_table(report))
         if not report.loop["records_values"]:
@@ -70,6 +73,8 @@ def render(report: VerifyReport, console: Console, errors: Console | None = None
         speedup = report.speedup
         console.print(f"speedup: {speedup:.2f}x" if speedup else "speedup: not measured")
         console.print(f"verdict: {escape(report.verdict)}", soft_wrap=True)
+    if report.time_verdict:
+        console.print(f"where the time goes: {escape(report.time_verdict)}", soft_wrap=True)
     for warning in report.warnings:
         console.print(f"[yellow]warning[/]: {escape(warning)}", highlight=False, soft_wrap=True)
     style = {0: "bold green", 1: "bold red"}.get(report.exit_code, "bold yellow")
@@ -101,6 +106,34 @@ def _runs_table(report: VerifyReport) -> Table:
     for name, cells in rows:
         table.add_row(name, *cells)
     return table
+
+
+def _time_table(report: VerifyReport) -> Table:
+    """Each part of each run: seconds, and its share of the run after start-up (start-up: of the whole run)."""
+    runs = [r for r in (report.original, report.rewrite) if r.data.get("time_split")]
+    splits = [r.data["time_split"] for r in runs]
+    title = "where the time goes (% of the run after start-up)"
+    table = Table("", *[r.label for r in runs], title=title, title_justify="left")
+    table.columns[0].no_wrap = True
+    for cell in table.columns[1:]:
+        cell.justify = "right"
+    shares = [timing.shares(s) or {} for s in splits]
+    for part in timing.PARTS:
+        cells = []
+        for split, share in zip(splits, shares):
+            seconds = split["seconds"][part]
+            of = seconds / split["whole_s"] if part == timing.STARTUP and split["whole_s"] > 0 else share.get(part)
+            cells.append(f"{_seconds(seconds)} {_fmt(of, '{:>4.0%}')}")
+        table.add_row(timing.LABELS[part] + (" (% of the whole run)" if part == timing.STARTUP else ""), *cells)
+        if part == timing.STEP:
+            table.add_row("  host reads in the step", *[f"{_seconds(s['host_reads_in_step_s'])}     " for s in splits])
+    table.add_row("whole run", *[f"{_seconds(s['whole_s'])}     " for s in splits])
+    table.add_row("steps in it", *[f"{s['steps']}     " for s in splits])
+    return table
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.2f} s" if s >= 1 else f"{s * 1e3:.1f} ms" if s >= 1e-3 else f"{s * 1e3:.2f} ms"
 
 
 def _equivalence_table(report: VerifyReport) -> Table:

@@ -67,13 +67,20 @@ def _owning_modules(torch, optimizers) -> list:
     found = {}
     with warnings.catch_warnings():  # isinstance on every live object wakes deprecated lazy attributes
         warnings.simplefilter("ignore")
-        modules = [obj for obj in gc.get_objects() if isinstance(obj, torch.nn.Module)]
+        modules = [obj for obj in gc.get_objects() if _is_module(torch, obj)]
     for obj in modules:
         if any(True for _ in obj.buffers(recurse=False)):
             owned = [index[id(p)] for p in obj.parameters() if id(p) in index]
             if owned:
                 found.setdefault(min(owned), obj)
     return [found[i] for i in sorted(found)]
+
+
+def _is_module(torch, obj) -> bool:
+    try:
+        return isinstance(obj, torch.nn.Module)
+    except ReferenceError:  # a weakref.proxy whose object is gone (torch.compile leaves some): no module
+        return False
 
 
 def _params(optimizers) -> list:

@@ -9,7 +9,7 @@ the step eager, after the replay, where they read the step's static outputs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import libcst as cst
 
@@ -45,6 +45,7 @@ class Instrumented:
     records_values: bool  # whether the probe records losses (or outputs), not only timing
     reenterable: bool = False  # the loop sits in a function or an outer loop: it may be entered again
     scheduled: bool = False  # the learning rate is scheduled or assigned around the loop
+    other_loops: list[tuple[str, int, int]] = field(default_factory=list)  # see timing_marks
 
 
 def instrument(source: str, path: str, settings=None) -> Instrumented:
@@ -79,7 +80,10 @@ def instrument(source: str, path: str, settings=None) -> Instrumented:
         # a partial rewrite only renames the model's calls (in closures too): the probe stays where it was put
         if not outcome.model_only and not probe_follows_call(rewrite.code, outcome.step_name):
             raise InstrumentError(f"line {line}: the rewrite does not keep the probe after the captured step; cannot compare")
-        return Instrumented(original, rewrite.code, line, loop.kind, loop.func.qualname, outcome.step_name, records, *_context(analysis))
+        others = _other_loops(result, analysis)
+        return Instrumented(
+            original, rewrite.code, line, loop.kind, loop.func.qualname, outcome.step_name, records, *_context(analysis), other_loops=others
+        )
     detail = f" ({'; '.join(why)})" if why else ""
     raise InstrumentError(f"graphify rewrite changes no loop of this file, so there is nothing to verify{detail}")
 
@@ -153,6 +157,7 @@ def instrument_given(source: str, path: str, rewritten: str, settings=None) -> I
             step_name,
             records,
             *_context(analysis),
+            other_loops=_other_loops(result, analysis),
         )
     raise InstrumentError("no loop of the original has a counterpart in the given rewrite (the same loop header)")
 
@@ -363,3 +368,119 @@ def _calls(stmt: cst.CSTNode, name: str) -> bool:
     if not isinstance(stmt, cst.SimpleStatementLine):
         return False
     return any(isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == name for n in walk(stmt))
+
+
+# ---- marks for the time split (timing.py) --------------------------------------------------------
+
+
+def _other_loops(result, probed: LoopAnalysis) -> list[tuple[str, int, int]]:
+    """(header, occurrence among the file's loops with that header, line) of every other training or
+    inference loop of the file: its time is evaluation. Not a loop around the probed one (its time is the
+    training's), nor one inside it (it may be part of the step, which the rewrite replays without it)."""
+    target = probed.loop.node
+    inside = {id(n) for n in descendants(target)}
+    wanted = {}
+    for analysis in result.loops:
+        loop = analysis.loop
+        if analysis is probed or loop.module is not result.module or id(loop.node) in inside:
+            continue
+        if any(n is target for n in descendants(loop.node)):
+            continue
+        wanted[id(loop.node)] = loop.module.position(loop.node).start.line
+    return [(header, k, wanted[id(node)]) for header, k, node in _loops(result.module.tree) if id(node) in wanted]
+
+
+def _loops(tree: cst.Module) -> list[tuple[str, int, cst.CSTNode]]:
+    """(header, occurrence among the loops with that header, loop) of every loop, in source order."""
+    found: list[cst.CSTNode] = []
+
+    class Collect(cst.CSTVisitor):
+        def visit_For(self, node) -> None:
+            found.append(node)
+
+        def visit_While(self, node) -> None:
+            found.append(node)
+
+    tree.visit(Collect())
+    seen: dict[str, int] = {}
+    out = []
+    for node in found:
+        header = _header(node)
+        seen[header] = seen.get(header, -1) + 1
+        out.append((header, seen[header], node))
+    return out
+
+
+def _probed_loop(tree: cst.Module) -> cst.CSTNode | None:
+    """The innermost loop around the probe's call."""
+    found: list[cst.CSTNode] = []
+    stack: list[cst.CSTNode] = []
+
+    class Find(cst.CSTVisitor):
+        def visit_For(self, node) -> None:
+            stack.append(node)
+
+        def leave_For(self, node) -> None:
+            stack.pop()
+
+        def visit_While(self, node) -> None:
+            stack.append(node)
+
+        def leave_While(self, node) -> None:
+            stack.pop()
+
+        def visit_Call(self, node) -> None:
+            if isinstance(node.func, cst.Name) and node.func.value == PROBE and stack:
+                found.append(stack[-1])
+
+    tree.visit(Find())
+    return found[0] if len(found) == 1 else None
+
+
+def timing_marks(original: str, rewritten: str, others: list[tuple[str, int, int]]) -> tuple[str, str]:
+    """Both versions with what the time split needs: `__graphify_probe__.other(LINE)` and `.other_end(LINE)`
+    around each other loop (an evaluation loop), and the probed `for` loop's iterable handed through
+    `__graphify_probe__.data(...)`, which times its `next()`. Added to the code that runs, after the
+    rewrite was made, so the rewrite is the one the user gets; a loop not found alike in both versions
+    (by its header and place among the loops with that header, or, for the probed one, around the probe)
+    is marked in neither. Code that does not parse is left as it is."""
+    try:
+        trees = [cst.parse_module(original), cst.parse_module(rewritten)]
+    except cst.ParserSyntaxError:
+        return original, rewritten
+    loops = [{(h, k): n for h, k, n in _loops(tree)} for tree in trees]
+    keys = [(h, k, line) for h, k, line in others if all((h, k) in found for found in loops)]
+    probed = [_probed_loop(tree) for tree in trees]
+    wrap = all(isinstance(p, cst.For) and p.asynchronous is None for p in probed)
+    out = []
+    for tree, found, loop in zip(trees, loops, probed):
+        marks = {id(found[(h, k)]): line for h, k, line in keys}
+        out.append(tree.visit(_Marks(marks, loop if wrap else None)).code)
+    return out[0], out[1]
+
+
+class _Marks(cst.CSTTransformer):
+    def __init__(self, others: dict[int, int], probed: cst.For | None) -> None:
+        self.others, self.probed = others, probed
+
+    def leave_For(self, original, updated):
+        if original is not self.probed:
+            return updated
+        data = cst.Call(cst.Attribute(cst.Name(PROBE), cst.Name("data")), [cst.Arg(updated.iter)])
+        return updated.with_changes(iter=data)
+
+    def _block(self, original, updated):
+        if not any(id(c) in self.others for c in original.body):
+            return updated
+        body = []
+        for orig, upd in zip(original.body, updated.body):
+            line = self.others.get(id(orig))
+            if line is not None:
+                body.append(cst.parse_statement(f"{PROBE}.other({line})\n"))
+            body.append(upd)
+            if line is not None:
+                body.append(cst.parse_statement(f"{PROBE}.other_end({line})\n"))
+        return updated.with_changes(body=body)
+
+    leave_IndentedBlock = _block
+    leave_Module = _block

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphify.verify import timing
 from graphify.verify.runner import SETUP_STEPS
 
 PASSED, FAILED, ERROR = 0, 1, 2  # exit codes: equivalent / not equivalent / could not run
+SCHEMA_VERSION = 2  # of the JSON document: 2 added time_split and time_verdict (docs/verify.md)
 
 
 @dataclass
@@ -49,9 +51,28 @@ class VerifyReport:
             return None
         return speed_verdict(self)
 
+    @property
+    def time_verdict(self) -> str | None:
+        """Where the original's time goes, and the most capture can save of it (timing.verdict)."""
+        if self.original is None or self.rewrite is None or not self.rewrite.ok:
+            return None
+        split = self.original.data.get("time_split")
+        if not split:
+            return None
+        busy = (self.original.data.get("profile") or {}).get("gpu_busy_share")
+        text = timing.verdict(split, busy if self.on_cuda else None)
+        if text is None:
+            return None
+        rewrite = self.rewrite.data.get("time_split")
+        if rewrite and rewrite["steps"] == split["steps"]:  # the same steps: what the rewrite took for them
+            after = [sum(s["seconds"][p] for p in timing.AFTER_STARTUP) for s in (split, rewrite)]
+            text += f"; after start-up the original took {after[0]:.3g} s, the rewrite {after[1]:.3g} s"
+        return text if self.on_cuda else "on the CPU, where nothing is captured: " + text
+
     def to_dict(self) -> dict:
         c = self.comparison
         doc = {
+            "schema_version": SCHEMA_VERSION,
             "path": self.path,
             "status": self.status,
             "exit_code": self.exit_code,
@@ -80,6 +101,7 @@ class VerifyReport:
             "runs": {r.label: _run_dict(r) for r in (self.original, self.rewrite) if r is not None},
             "speedup": self.speedup,
             "verdict": self.verdict,
+            "time_verdict": self.time_verdict,
             "workdir": self.workdir,
         }
         return doc
@@ -98,6 +120,7 @@ def _run_dict(run) -> dict:
         "peak_memory_bytes": d.get("peak_memory"),
         "graphs_captured": d.get("graphs"),
         "profile": d.get("profile"),
+        "time_split": d.get("time_split"),
         "values": d.get("values"),
     }
 

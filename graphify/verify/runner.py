@@ -76,8 +76,10 @@ def run_version(
     until_reentry: int | None = None,
     timeout: float | None = None,
     on_step: Callable[[int], None] | None = None,
+    time_split: bool = False,
 ) -> RunResult:
-    """Write `code` as `workdir/label/<script name>` and run it as if it were `script`."""
+    """Write `code` as `workdir/label/<script name>` and run it as if it were `script`. With `time_split`,
+    the child splits the run's time into parts (timing.py), counted from the process start."""
     folder = os.path.join(workdir, label)
     os.makedirs(folder, exist_ok=True)
     copy = os.path.join(folder, os.path.basename(script))
@@ -85,16 +87,10 @@ def run_version(
         f.write(code)
     out = os.path.join(workdir, f"{label}.json")
     progress = out[:-5] + ".progress"
-    cmd = [sys.executable, child.__file__, copy, out, str(steps), "--as", os.path.abspath(script)]
-    if profile:
-        cmd.append("--profile")
-    if states_out:
-        cmd += ["--states-out", states_out]
-    if states_in:
-        cmd += ["--states-in", states_in]
-    if until_reentry:
-        cmd += ["--until-reentry", str(until_reentry)]
-    cmd += ["--", *args]
+    cmd = [sys.executable, child.__file__, copy, out, str(steps), "--as", os.path.abspath(script)] + ["--profile"] * profile
+    for flag, value in (("--states-out", states_out), ("--states-in", states_in), ("--until-reentry", until_reentry)):
+        if value:
+            cmd += [flag, str(value)]
     cwd = os.path.dirname(os.path.abspath(script))
     before = _files_under(cwd)
     env = child_env()
@@ -103,7 +99,7 @@ def run_version(
     os.makedirs(env["TMPDIR"], exist_ok=True)
     with open(os.path.join(workdir, f"{label}.stdout"), "wb") as stdout, open(os.path.join(workdir, f"{label}.stderr"), "wb") as stderr:
         proc = subprocess.Popen(
-            cmd,
+            cmd + (["--time-split", "--started", repr(time.time())] if time_split else []) + ["--", *args],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
