@@ -392,3 +392,47 @@ def test_a_step_run_by_a_called_function_is_probed_without_looking_delegated():
     path = Path(__file__).resolve().parents[1] / "fixtures/traps/full_batch_mode_calls_per_epoch.py"
     r = instrument(path.read_text(), str(path))
     assert probe_line(r.original) == "__graphify_probe__(loss, (optimizer,))" and r.step_name == "train_step"
+
+
+def test_only_what_the_run_wrote_leaves_the_users_folder(tmp_path):
+    """Files new in the script's folder after a run move into verify's own folder only if the run wrote
+    them (the child writes their paths down): a file the user saved there meanwhile stays."""
+    from graphify.verify.runner import _files_under, _move_created
+
+    folder, into = tmp_path / "project", tmp_path / "verify"
+    folder.mkdir()
+    (folder / "train.py").write_text("")
+    before = _files_under(str(folder))
+    (folder / "checkpoint.pt").write_text("the run's")
+    (folder / "notes.md").write_text("the user's")
+    (folder / "runs").mkdir()
+    (folder / "runs" / "events.log").write_text("the run's")
+    written = {str((folder / "checkpoint.pt").resolve()), str((folder / "runs" / "events.log").resolve())}
+    _move_created(str(folder), before, str(into), written)
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.md", "train.py"]
+    assert (into / "checkpoint.pt").read_text() == "the run's" and (into / "runs" / "events.log").exists()
+
+
+def test_the_child_writes_down_what_the_script_writes(tmp_path):
+    """In a process of its own: the audit hook stays for the life of the process."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import torch
+        from graphify.verify import child
+        child._record_created(torch, "run.created")
+        with open("log.txt", "w") as f:
+            f.write("x")
+        open("log.txt").read()  # reading is no writing
+        import os
+        os.mkdir("ckpt")
+        torch.save({"a": 1}, "ckpt/model.pt")
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True)
+    written = set((tmp_path / "run.created").read_text().splitlines())
+    root = tmp_path.resolve()
+    assert written == {str(root / "log.txt"), str(root / "ckpt"), str(root / "ckpt" / "model.pt")}

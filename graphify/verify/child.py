@@ -333,13 +333,54 @@ def _load(name: str):
     return module
 
 
-def _prepare(torch) -> None:
+def _prepare(torch, created_log: str) -> None:
     """What both versions run with: the same seeds and arithmetic, and what the run records."""
     _seed(torch)
     _same_arithmetic(torch)
     _record_autocast(torch)
     _count_captures(torch)
     _record_fallbacks()
+    _record_created(torch, created_log)
+
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+
+
+def _record_created(torch, log_path: str) -> None:
+    """Write down, one path a line, each file or folder under the script's folder that the run writes:
+    opened for writing, made, renamed to, or saved by `torch.save` (which writes from C++). The runner
+    moves only these out of the user's folder after the run, never a file someone else made meanwhile;
+    files written by native code other than torch.save are not seen, and stay."""
+    root = os.getcwd() + os.sep
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+    def note(path) -> None:
+        path = os.path.abspath(os.fsdecode(path))
+        if path.startswith(root):
+            os.write(log, (path + "\n").encode("utf-8", "surrogateescape"))
+
+    def hook(event: str, args: tuple) -> None:
+        try:
+            if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+                mode, flags = args[1], args[2]
+                if (mode is not None and any(c in mode for c in "wax+")) or (mode is None and flags & _WRITE_FLAGS):
+                    note(args[0])
+            elif event == "os.mkdir":
+                note(args[0])
+            elif event == "os.rename":
+                note(args[1])
+        except Exception:  # a path it cannot read: not the run's to lose
+            pass
+
+    sys.addaudithook(hook)
+    save = torch.save
+
+    def saved(obj, f, *args, **kwargs):
+        if isinstance(f, (str, bytes, os.PathLike)):
+            note(f)
+        return save(obj, f, *args, **kwargs)
+
+    torch.save = saved
 
 
 def _time_split(torch, started: float | None):
@@ -386,7 +427,7 @@ def main(argv: list[str] | None = None) -> None:
     module.__file__ = as_path
     module.__builtins__ = builtins
     sys.modules["__main__"] = module
-    _prepare(torch)
+    _prepare(torch, ns.out[:-5] + ".written")
     if ns.time_split:  # after the recorder kept the unwrapped synchronize
         recorder.split = _time_split(torch, ns.started)
     global _cuda_seen

@@ -108,7 +108,7 @@ def run_version(
             start_new_session=True,
         )
         timed_out = _wait(proc, progress, timeout, on_step)
-    _move_created(cwd, before, os.path.join(workdir, f"{label}.created"))
+    _move_created(cwd, before, os.path.join(workdir, f"{label}.created"), _written_by(out[:-5] + ".written"))
     result = RunResult(label, proc.returncode, _tail(workdir, label), timed_out)
     if proc.returncode == 0 and os.path.exists(out):
         with open(out) as f:
@@ -134,10 +134,20 @@ def _files_under(folder: str) -> set[str] | None:
     return found
 
 
-def _move_created(folder: str, before: set[str] | None, into: str) -> None:
+def _written_by(log_path: str) -> set[str]:
+    """The paths the child wrote down as written by the run (child._record_created)."""
+    try:
+        with open(log_path, encoding="utf-8", errors="surrogateescape") as f:
+            return set(f.read().splitlines())
+    except OSError:
+        return set()
+
+
+def _move_created(folder: str, before: set[str] | None, into: str, written: set[str]) -> None:
     """Move what a run created under `folder` (a checkpoint, a snapshot it would resume from, logs) into
     `into`: the next version starts from the folder as the first found it, and the user's folder is
-    left as it was."""
+    left as it was. Only what the run itself wrote (`written`, absolute paths) moves: a file another
+    program or the user made there meanwhile stays."""
     after = _files_under(folder) if before is not None else None
     if after is None:
         return
@@ -145,6 +155,9 @@ def _move_created(folder: str, before: set[str] | None, into: str) -> None:
         parent = os.path.dirname(rel)
         if parent and parent not in before:
             continue  # inside a folder the run created: moved with it
+        path = os.path.join(os.path.realpath(folder), rel)
+        if path not in written and not any(w.startswith(path + os.sep) for w in written):
+            continue
         target = os.path.join(into, rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.move(os.path.join(folder, rel), target)
