@@ -75,11 +75,17 @@ def test_scorer_counts_hits_misses_false_alarms_and_ambiguous_labels():
                 {"line": 20, "kind": "inference", "verdict": "capturable"},
             ],
         },
-        diagnostics=[(3, "host-sync", "GFY001"), (7, "rng", "GFY601"), (9, "logging-io", "GFY511")],
+        diagnostics=[
+            ((3,), "host-sync", "GFY001"),
+            ((7,), "rng", "GFY601"),
+            ((9,), "logging-io", "GFY511"),
+            ((11, 40, 41), "rewrite-safety", "GFY703"),  # told at a call, flagging a helper's lines
+        ],
         loops=[(2, "train", "not-capturable"), (30, "train", "capturable")],
     )
-    assert (score.hits, score.labelled, score.reported) == (1, 2, 2)
-    assert score.missed == ["5: cross-device"] and score.false_alarms == ["7: rng (GFY601)"]
+    assert (score.hits, score.labelled, score.reported, score.right) == (1, 2, 3, 1)
+    assert score.missed == ["5: cross-device"]
+    assert score.false_alarms == ["7: rng (GFY601)", "41: rewrite-safety (GFY703)"]  # one each, however many lines
     assert (score.loops_found, score.loops_labelled, score.loops_extra, score.verdicts_right) == (1, 2, 1, 0)
 
 

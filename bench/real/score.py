@@ -4,8 +4,10 @@
     python bench/real/score.py [--details] [--out bench/results/real_check.md]
 
 Per script and in total:
-  * breakers: recall and precision of (line, category) pairs; labels marked `ambiguous` count
-    neither as a miss nor, when reported, as a false alarm;
+  * breakers: recall of labelled (line, category) pairs, and precision of diagnostics: a diagnostic
+    told at a call in the loop flags the helper's lines, and is right when the labels mark any of its
+    lines (the call's or the helper's) with its category, a false alarm once otherwise; labels marked
+    `ambiguous` count neither as a miss nor, when reported, as a false alarm;
   * loops found: labelled loops that `check` reports at the same line, and loops it reports that
     are not labelled;
   * verdicts: of the loops found, those whose verdict equals the label.
@@ -29,9 +31,10 @@ LABELS = HERE / "labels"
 
 @dataclass
 class Score:
-    hits: int = 0
+    hits: int = 0  # labelled breakers some diagnostic reports
     labelled: int = 0
-    reported: int = 0
+    reported: int = 0  # diagnostics (of distinct lines and category)
+    right: int = 0  # of them, those at a labelled breaker
     loops_labelled: int = 0
     loops_found: int = 0
     loops_extra: int = 0
@@ -60,7 +63,7 @@ class Score:
 
     @property
     def precision(self) -> float:
-        return self.hits / self.reported if self.reported else 1.0
+        return self.right / self.reported if self.reported else 1.0
 
 
 def load_labels(path: Path) -> dict:
@@ -75,7 +78,7 @@ def score_rewrites(score: Score, labels: dict, diagnostics, outcomes: list[tuple
     """outcomes: (line, rewritten, reasons, model only) of each loop `graphify rewrite` saw. A refusal names its real
     blocker when one of its reason codes is reported on a line the labels mark with that code's category."""
     blocked = {(b["line"], b["category"]) for b in labels.get("breaker", [])}
-    real = {code for line, category, code in diagnostics if (line, category) in blocked}
+    real = {code for lines, category, code in diagnostics if any((line, category) in blocked for line in lines)}
     by_line = {line: (rewritten, reasons, model_only) for line, rewritten, reasons, model_only in outcomes}
     for loop in labels.get("loop", []):
         if loop.get("ambiguous") or loop["kind"] != "train":
@@ -106,14 +109,20 @@ def score_file(labels: dict, diagnostics: list[tuple[int, str, str]], loops: lis
     score_rewrites(score, labels, diagnostics, list(outcomes))
     wanted = {(b["line"], b["category"]) for b in labels.get("breaker", []) if not b.get("ambiguous")}
     tolerated = {(b["line"], b["category"]) for b in labels.get("breaker", []) if b.get("ambiguous")}
-    codes: dict[tuple[int, str], str] = {}
-    for line, category, code in diagnostics:
-        codes.setdefault((line, category), code)
-    reported = set(codes) - tolerated
-    score.labelled, score.reported = len(wanted), len(reported)
-    score.hits = len(wanted & reported)
-    score.missed = [f"{line}: {category}" for line, category in sorted(wanted - reported)]
-    score.false_alarms = [f"{line}: {category} ({codes[line, category]})" for line, category in sorted(reported - wanted)]
+    codes: dict[tuple[tuple[int, ...], str], str] = {}
+    for lines, category, code in diagnostics:
+        codes.setdefault((lines, category), code)
+    covered = {(line, category) for lines, category in codes for line in lines}
+    reported = [(lines, category) for lines, category in codes if not {(line, category) for line in lines} <= tolerated]
+    right = [(lines, category) for lines, category in reported if any((line, category) in wanted for line in lines)]
+    score.labelled, score.reported, score.right = len(wanted), len(reported), len(right)
+    score.hits = len(wanted & covered)
+    score.missed = [f"{line}: {category}" for line, category in sorted(wanted - covered)]
+    score.false_alarms = [
+        f"{lines[-1]}: {category} ({codes[lines, category]})"
+        for lines, category in sorted(set(reported) - set(right), key=lambda k: (k[0][-1], k[1]))
+        if not any((line, category) in tolerated for line in lines)
+    ]
     found = {line: (kind, verdict) for line, kind, verdict in loops}
     labelled_loops = [lp for lp in labels.get("loop", []) if not lp.get("ambiguous")]
     score.loops_labelled = len(labelled_loops)
@@ -142,8 +151,11 @@ def check_file(path: Path):
 
     source, _ = load_module(str(path))  # a notebook: its code cells joined, the lines labels count
     report = analyze_source(source, str(path), Settings())
-    # labels mark the flagged code itself: for a breaker of a called function, the helper's lines (check reports it at the call)
-    diagnostics = [(line, d.rule.category, d.rule.code) for d in report.diagnostics for _, line in d.flagged()]
+    # labels mark the flagged code itself: for a breaker of a called function, the helper's lines (check
+    # reports it at the call); either one counts
+    diagnostics = [
+        (tuple(dict.fromkeys([d.line, *(line for _, line in d.flagged())])), d.rule.category, d.rule.code) for d in report.diagnostics
+    ]
     loops = [(lp.line, lp.kind, lp.verdict.value) for lp in report.loops]
     from graphify.rewrite import rewrite_source
 
@@ -165,7 +177,7 @@ def render(rows: list[tuple[str, Score]], total: Score, details: bool, seconds: 
         "| | value |",
         "| --- | --- |",
         f"| breaker recall (line+category) | {_ratio(total.hits, total.labelled)} |",
-        f"| breaker precision | {_ratio(total.hits, total.reported)} |",
+        f"| diagnostic precision | {_ratio(total.right, total.reported)} |",
         f"| loops found | {_ratio(total.loops_found, total.loops_labelled)} |",
         f"| loops reported, not labelled | {total.loops_extra} |",
         f"| verdicts right (of loops found) | {_ratio(total.verdicts_right, total.loops_found)} |",
@@ -180,7 +192,7 @@ def render(rows: list[tuple[str, Score]], total: Score, details: bool, seconds: 
     ]
     for name, s in rows:
         lines.append(
-            f"| {name} | {_ratio(s.hits, s.labelled)} | {_ratio(s.hits, s.reported)} | "
+            f"| {name} | {_ratio(s.hits, s.labelled)} | {_ratio(s.right, s.reported)} | "
             f"{s.loops_found}/{s.loops_labelled} | {s.verdicts_right}/{s.loops_found} |"
         )
     if details:
