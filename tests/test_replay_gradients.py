@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from graphify.runtime.captures import GradientWatch
+from graphify.runtime.gradients import GradientWatch
 
 
 def _model():

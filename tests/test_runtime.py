@@ -166,10 +166,11 @@ def test_a_setting_that_keeps_changing_leaves_the_step_eager():
 
     captured = CapturedStep(lambda x: x)
     state = captured.state
+    entry = state.entry("key")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(MAX_KEYS):
-            state.graphs, state.replays["key"] = {"key": object()}, state.replays.get("key", 0) + FEW_REPLAYS - 1
+            entry.graph, entry.replays = object(), entry.replays + FEW_REPLAYS - 1
             captured._forget_graphs(warm=True)
         assert state.graphs == {} and state.disabled is None and not caught
         captured._forget_graphs(warm=True)
@@ -183,14 +184,15 @@ def test_a_setting_moved_once_an_epoch_is_followed_for_any_number_of_epochs():
 
     captured = CapturedStep(lambda x: x)
     state = captured.state
-    state.eager_runs = {"key": 4}
+    entry = state.entry("key")
+    entry.eager_runs = 4
     for _ in range(3 * MAX_KEYS):
-        state.graphs, state.replays["key"] = {"key": object()}, state.replays.get("key", 0) + FEW_REPLAYS
+        entry.graph, entry.replays = object(), entry.replays + FEW_REPLAYS
         captured._forget_graphs(warm=True)
     assert state.disabled is None and state.recaptures == 3 * MAX_KEYS and state.hasty_recaptures == 0
-    assert state.eager_runs == {"key": 4} and state.replays == {"key": 3 * MAX_KEYS * FEW_REPLAYS}
+    assert entry.eager_runs == 4 and entry.replays == 3 * MAX_KEYS * FEW_REPLAYS and entry.graph is None
     captured._forget_graphs()  # a host value moved: warm up and count again
-    assert state.eager_runs == {} and state.replays == {} and state.replays_at_forget == 0
+    assert entry.eager_runs == 0 and entry.replays == 0 and state.replays_at_forget == 0
 
 
 class _Timed:
@@ -245,11 +247,11 @@ def test_a_gpu_bound_step_stays_eager_with_one_warning(monkeypatch):
 def test_a_gpu_bound_forward_leaves_the_model_eager_without_capturing(monkeypatch):
     model = torch.nn.Linear(2, 2)
     graphed = GraphedModule(model)
-    graphed.state["load"] = _Timed(8.0, 0.5)
+    graphed.state.load = _Timed(8.0, 0.5)
     monkeypatch.setattr(GraphedModule, "_graph", lambda *_: pytest.fail("a GPU-bound forward must not be captured"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert not graphed._capture((torch.ones(1, 2),), {})
+        assert not graphed._capture("signature", (torch.ones(1, 2),), {})
     assert [str(w.message) for w in caught] == [f"graphify: the model runs eagerly: {graphed.state['disabled']}"]
     assert graphed.state["disabled"].startswith("no gain expected: GPU-bound (its forward pass keeps the GPU busy 8.0 ms for 0.5 ms")
     assert graphed.state["graphed"] is None
@@ -259,12 +261,12 @@ def test_a_gpu_bound_forward_leaves_the_model_eager_without_capturing(monkeypatc
 
 def test_graphify_capture_always_graphs_a_gpu_bound_forward(monkeypatch):
     graphed = GraphedModule(torch.nn.Linear(2, 2))
-    graphed.state["load"] = _Timed(8.0, 0.5)
+    graphed.state.load = _Timed(8.0, 0.5)
     monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     monkeypatch.setattr(GraphedModule, "_graph", lambda *_: None)  # the capture itself needs CUDA
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert graphed._capture((torch.ones(1, 2),), {})
+        assert graphed._capture("signature", (torch.ones(1, 2),), {})
     assert graphed.state["disabled"] is None
 
 
@@ -340,7 +342,7 @@ def test_a_model_wrapped_across_processes_is_not_graphed_alone(monkeypatch):
     monkeypatch.setattr(GraphedModule, "_graph", lambda *_: pytest.fail("a wrapped model must not be captured"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert not graphed._capture((torch.ones(1, 2),), {})
+        assert not graphed._capture("signature", (torch.ones(1, 2),), {})
     assert len(caught) == 1 and "its FullyShardedDataParallel wrapper reduces gradients from hooks" in str(caught[0].message)
 
 

@@ -27,7 +27,8 @@ _ORDER = (
     "optimizer_settings",
     "distributed",
     "reach",
-    "captures",
+    "states",
+    "gradients",
     "captured_step",
     "graphed_module",
 )  # each imports only those before it

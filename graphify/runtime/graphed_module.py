@@ -1,24 +1,25 @@
-"""GraphedModule: a model's forward and backward replayed from CUDA graphs, the rest of the step eager."""
+"""GraphedModule: a model's forward and backward replayed from CUDA graphs, the rest of the step eager,
+through the phases of states.py; ModuleState, what it keeps for a model across calls and wrappings."""
 
 from __future__ import annotations
 
 import gc
 import math
 import numbers
-import warnings
 import weakref
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from graphify.runtime.common import (
     WARMUP,
-    GraphifyFallbackWarning,
     LoopTrial,
     Timing,
-    capture_forced,
     capture_failure,
-    collection_paused,
+    capture_forced,
     changed_in_place,
+    collection_paused,
     gpu_bound,
     leaves,
     requires_grad,
@@ -27,10 +28,10 @@ from graphify.runtime.common import (
     tree_map,
     versions,
 )
-from graphify.runtime.host_values import RECHECK_FROM, HostValues, compiled, drift_reason, first_difference, recording_allowed
-from graphify.runtime.reach import layout, layout_change, registrations, watch_registrations, why_not_capturable
+from graphify.runtime.host_values import HostValues, compiled, drift_reason, first_difference, recording_allowed
+from graphify.runtime.reach import registrations, watch_registrations, why_not_capturable
+from graphify.runtime.states import GraphStates, Phase, Wrapper, registry
 
-_graphed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its graphed callable state
 # A replay pays for its checks, autograd.Function, input copies, output clones and gradient copies, and
 # saves only the forward and backward launches: on a small model that can cost more than it saves (two
 # small fixtures' partial rewrites ran 0.54x and 0.94x as fast as eager). Graphs are kept when a replayed
@@ -43,22 +44,68 @@ TIMED_PASSES = 3  # of each kind, after an untimed one of each; the fastest coun
 MAX_SIGNATURES = 8
 
 
-class GraphedModule:
+class ModuleGraph(NamedTuple):
+    """A model's forward and backward graphs for one signature."""
+
+    graphed: object  # what torch.cuda.make_graphed_callables made: called with the inputs and `trained`
+    trained: list  # the parameters that required grad at capture
+
+
+@dataclass(eq=False)
+class ModuleState(GraphStates):
+    """Everything a GraphedModule keeps for one model: its signatures (states.KeyState), of which one at most
+    is CAPTURED, and whether a backward is still to come. Read as a mapping too (`state["graphed"]`)."""
+
+    module: object = None  # a weak reference to the model: the registry's value must not keep its key alive
+    parameters: list = field(default_factory=list)  # which require grad is part of the graph's key
+    signature: tuple | None = None  # the key CAPTURED
+    awaiting_backward: bool = False  # the last replay's backward is still to come: calls run eagerly
+    warmup_awaiting: bool = False  # the last warmup call's backward is still to come: capture waits
+
+    @property
+    def graphed(self):
+        """The graphed callable of the signature CAPTURED, or None."""
+        return None if self.signature is None else self.keys[self.signature].graph.graphed
+
+    @property
+    def warmup_runs(self) -> dict:
+        return {key: entry.eager_runs for key, entry in self.keys.items() if entry.eager_runs}
+
+    def __getitem__(self, name: str):
+        return getattr(self, name)
+
+    def captured_on(self) -> tuple[list, list]:
+        return [self.module()], []
+
+    def stop(self, why: str) -> None:
+        captured = self.signature is not None
+        super().stop(why)
+        self.signature = None
+        if captured:
+            gc.collect()  # the graphs sit in reference cycles: freed here, not in a DataLoader worker forked later
+
+
+class GraphedModule(Wrapper):
     """Runs a module's forward and backward from CUDA graphs (torch.cuda.make_graphed_callables) in a
     training step that cannot be captured whole: the loss, the optimizer and the scheduler stay eager.
 
-    The first `warmup` calls on CUDA with given input shapes and autocast setting run eagerly on a side
-    stream; the next one captures the forward and backward for them, as later calls with the same ones
-    replay. Other shapes or autocast settings, eval mode, calls without grad and calls off CUDA run
-    eagerly; a failed capture leaves the module eager for good, with one warning. So do inputs that
-    come in more than MAX_SIGNATURES shapes before one is warmed up (padded per batch), and a graph that
-    would gain nothing (unless GRAPHIFY_CAPTURE=always): a GPU-bound forward pass (the last warmup
-    call, timed) is not captured, and graphs whose replays are not clearly faster than eager passes
-    (timed side by side) are dropped. The warmup passes make_graphed_callables runs itself and the
-    timed passes are undone (batch-norm statistics and the CUDA RNG state are restored; their backward
-    passes leave `.grad` alone), so training sees each batch once. A replay returns copies of the
-    graph's outputs (the eager code around it may keep them past the next replay). Keyword arguments must be plain values
-    (a mask ratio, a flag): they are part of the graph's key; a tensor among them runs the call eagerly.
+    Each signature (input shapes, autocast setting, keyword values, which parameters require grad) goes
+    through the phases of states.py: the first `warmup` calls on CUDA run eagerly on a side stream (two
+    of them, one call more, RECORD the host values the forward hands to the GPU), and the next one
+    captures the forward and backward (CAPTURE), as later calls with the same signature replay
+    (CAPTURED). One signature is captured: others, eval mode, calls without grad and calls off CUDA run
+    eagerly. A failed capture leaves the module eager for good (EAGER), with one warning. So do inputs
+    that come in more than MAX_SIGNATURES shapes before one is warmed up (padded per batch), and a graph
+    that would gain nothing (unless GRAPHIFY_CAPTURE=always): a GPU-bound forward pass (the last warmup
+    call, timed) is not captured, graphs whose replays are not clearly faster than eager passes (timed
+    side by side) are dropped, and so are replays no faster than eager calls in the loop (the loop
+    trial: a replay saves the forward's and backward's launches but adds its own work, which beside eager
+    code that waits on the GPU, a NaN guard's read, can cost more than it saves). The warmup passes
+    make_graphed_callables runs itself and the timed passes are undone (batch-norm statistics and the
+    CUDA RNG state are restored; their backward passes leave `.grad` alone), so training sees each batch
+    once. A replay returns copies of the graph's outputs (the eager code around it may keep them past the
+    next replay). Keyword arguments must be plain values (a mask ratio, a flag): they are part of the
+    graph's key; a tensor among them runs the call eagerly.
 
     A replayed backward hands autograd the graph's own gradient buffers, and a parameter without a
     gradient takes that buffer as its `.grad`: the next replay would overwrite it. So gradients still
@@ -72,162 +119,110 @@ class GraphedModule:
     def __init__(self, module, warmup: int = WARMUP):
         self.module = module
         self.warmup = warmup
-        if module not in _graphed:
-            _graphed[module] = {
-                "warmup_runs": {},  # signature -> eager warmup calls with it, before the capture
-                "graphed": None,
-                "signature": None,
-                "disabled": None,
-                "awaiting_backward": False,
-                "warmup_awaiting": False,
-                "load": None,  # Timing of the last warmup call's forward
-                "parameters": list(module.parameters()),  # which require grad is part of the graph's key
-                "trained": [],  # those that required grad at capture: the graphed callable's last inputs
-                "recorded": None,  # whether warmup calls record the host values the forward hands to the GPU
-                "host_values": {},  # signature -> the operators' arguments of its last recorded call
-                "replays": 0,  # since the capture
-                "checked": 0,  # the replay at which it was last checked (see _rechecked)
-                "entry_checked": 0,  # the replay at which it was last checked after being wrapped again
-                "recheck": False,  # checked at its next chance: the model was wrapped again (its loop entered again)
-                "layout": (),  # of its tensors and submodules at capture (reach.layout)
-                "registrations": (),  # reach.registrations() when the layout was last found the same
-                "trial": None,  # after the capture: replayed and eager calls in turns in the loop (common.LoopTrial)
-                "trial_costs": None,  # (eager ms, replay ms) a call, as the trial measured them
-            }
-        elif _graphed[module]["recorded"]:
-            _graphed[module]["recheck"] = True
-        self.state = state = _graphed[module]
-        if state["trial"] is not None:  # wrapped again: its loop was entered again, the time since is no call's
-            state["trial"].restart()
         watch_registrations()
-        if state["graphed"] is not None and state["disabled"] is None and (moved := self._layout_moved()) is not None:
-            state["disabled"] = moved
-            warnings.warn(f"graphify: the model runs eagerly: {moved}", GraphifyFallbackWarning, stacklevel=2)
+        self.state, new = registry.module_state(
+            module, lambda: ModuleState(module=weakref.ref(module), parameters=list(module.parameters()))
+        )
+        if not new:
+            self.state.entered_again()  # wrapped again: its loop was entered again
+        if (moved := self.state.guard(always=True)) is not None:
+            self._give_up(moved)
 
     def __call__(self, *inputs, **constants):
         state = self.state
-        if state["graphed"] is not None and state["disabled"] is None and registrations() != state["registrations"]:
-            if (moved := self._layout_moved()) is not None:  # pruned since the capture, say
-                state["disabled"] = moved
-                warnings.warn(f"graphify: the model runs eagerly: {moved}", GraphifyFallbackWarning, stacklevel=2)
-        if state["disabled"] is not None or not self._graphable(inputs, constants):
+        if (moved := state.guard()) is not None:  # pruned since the capture, say
+            self._give_up(moved)
+        if state.disabled is not None or not self._graphable(inputs, constants):
             return self.module(*inputs, **constants)
         signature = self._key(inputs, constants)
-        if state["graphed"] is None:
-            runs = state["warmup_runs"]
-            if signature not in runs and len(runs) == MAX_SIGNATURES:
-                state["disabled"] = (
-                    f"no gain expected: its inputs came in more than {MAX_SIGNATURES} shapes before one of them"
-                    " recurred enough to be warmed up, so a graph would rarely replay"
-                )
-                warnings.warn(f"graphify: the model runs eagerly: {state['disabled']}", GraphifyFallbackWarning, stacklevel=2)
-                return self.module(*inputs, **constants)
-            if state["recorded"] is None:  # a compiled module must not meet the recorder
-                state["recorded"] = recording_allowed() and not compiled([self.module])
-            warmup, done = self.warmup + state["recorded"], runs.get(signature, 0)
+        if state.signature is None:
+            if state.recorded is None:  # a compiled module must not meet the recorder
+                state.recorded = recording_allowed() and not compiled([self.module])
+            phase = state.phase(signature, self.warmup + state.recorded)
             # capture updates buffers in place (batch-norm statistics): never while an eager call's
             # backward, which checks the versions of what it saved, is still to come
-            if done < warmup or state["warmup_awaiting"]:
-                runs[signature] = done + 1
-                stream = side_stream(inputs[0].device)
-                stream.wait_stream(torch.cuda.current_stream(inputs[0].device))
-                with torch.cuda.stream(stream):
-                    if state["recorded"] and done in (warmup - 3, warmup - 2):  # the two calls before the timed one
-                        outputs = self._compared(signature, inputs, constants, first=done == warmup - 3)
-                    else:
-                        load = Timing(stream)
-                        outputs = self.module(*inputs, **constants)
-                        load.stop()
-                        state["load"] = load
-                torch.cuda.current_stream(inputs[0].device).wait_stream(stream)
-                self._await_backward(outputs, "warmup_awaiting")
-                return outputs
-            if not self._capture(inputs, constants):
+            if phase is not Phase.CAPTURE or state.warmup_awaiting:
+                return self._warm(phase, signature, inputs, constants)
+            if not self._capture(signature, inputs, constants):
                 return self.module(*inputs, **constants)
-            state["signature"] = signature
-        if signature != state["signature"] or state["awaiting_backward"]:
+        if signature != state.signature or state.awaiting_backward:
             return self.module(*inputs, **constants)
-        if state["trial"] is not None and self._trial_turn() == "eager":
+        return self._replayed(signature, inputs, constants)
+
+    def _warm(self, phase, signature, inputs, constants):
+        """A warmup call: eager on the side stream; a RECORD call compares host values, any other is timed
+        (the last one before the capture tells a GPU-bound forward)."""
+        state = self.state
+        runs = state.warm(signature, MAX_SIGNATURES)
+        if runs is None:
+            self._give_up(
+                f"no gain expected: its inputs came in more than {MAX_SIGNATURES} shapes before one of them"
+                " recurred enough to be warmed up, so a graph would rarely replay"
+            )
             return self.module(*inputs, **constants)
-        n = state["replays"] = state["replays"] + 1
-        entered = state["recheck"] and n - state["entry_checked"] >= RECHECK_FROM
-        state["recheck"] = False  # only the first replay since the model was wrapped again
-        if state["recorded"] and (entered or (n >= RECHECK_FROM and not n & (n - 1))):
-            return self._rechecked(signature, inputs, constants, entered)
-        self._unshare_gradients()
-        outputs = tree_map(torch.Tensor.clone, state["graphed"](*inputs, *state["trained"]))
-        self._await_backward(outputs, "awaiting_backward")
-        state["registrations"] = registrations()  # its own hook on the outputs changes no forward
+        stream = side_stream(inputs[0].device)
+        stream.wait_stream(torch.cuda.current_stream(inputs[0].device))
+        with torch.cuda.stream(stream):
+            if phase is Phase.RECORD:
+                outputs = self._compared(signature, inputs, constants, first=runs == self.warmup + state.recorded - 3)
+            else:
+                load = Timing(stream)
+                outputs = self.module(*inputs, **constants)
+                load.stop()
+                state.load = load
+        torch.cuda.current_stream(inputs[0].device).wait_stream(stream)
+        self._await_backward(outputs, "warmup_awaiting")
         return outputs
 
-    def _trial_turn(self) -> str:
-        """Whether this call, which could replay, replays or runs eagerly: eagerly in the trial's eager
-        turns, and for good (the graphs dropped, one warning) once replays were found no faster than eager
-        calls in this loop: a replay saves the forward's and backward's launches but adds its own work
-        (input and output copies, gradient copies, autograd's hooks), which beside eager code that waits
-        on the GPU (a NaN guard's read) can cost more than it saves."""
+    def _replayed(self, signature, inputs, constants):
+        """A CAPTURED call: a replay, or an eager call in the loop trial's eager turns, or a replay run
+        recorded and checked (_rechecked)."""
         state = self.state
-        trial = state["trial"]
-        kind = trial.begin()
-        if kind is not None:
-            return kind
-        state["trial"], state["trial_costs"] = None, trial.costs()
-        why = trial.verdict("its forward and backward")
-        if why is None:
-            return "replay"
-        state["disabled"], state["graphed"], state["trained"] = why, None, []
-        gc.collect()  # the graphs sit in reference cycles: freed here, not in a DataLoader worker forked later
-        warnings.warn(f"graphify: the model runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=3)
-        return "eager"
+        entry = state.keys[signature]
+        if state.trial is not None and self._trial_turn("its forward and backward") == "eager":
+            return self.module(*inputs, **constants)
+        checked, entered = entry.count_replay(state.recorded)
+        if checked:
+            return self._rechecked(signature, inputs, constants, entered)
+        self._unshare_gradients()
+        outputs = tree_map(torch.Tensor.clone, entry.graph.graphed(*inputs, *entry.graph.trained))
+        self._await_backward(outputs, "awaiting_backward")
+        state.registrations = registrations()  # its own hook on the outputs changes no forward
+        return outputs
 
     def _compared(self, signature, inputs, constants, first: bool):
-        """A warmup forward that records the host values it hands to the GPU and compares them with the
+        """A RECORD call: records the host values the forward hands to the GPU and compares them with the
         last recorded call of this signature: a difference leaves the module eager for good."""
-        state = self.state
+        entry = self.state.keys[signature]
         with HostValues() as record:
             outputs = self.module(*inputs, **constants)
-        before = None if first else state["host_values"].get(signature)
+        before = None if first else entry.host_values
         difference = first_difference(before, record.calls) if before is not None else None
-        state["host_values"][signature] = record.calls
+        entry.host_values = record.calls
         if difference is not None:
-            state["disabled"] = drift_reason(difference).replace("the step hands", "the forward hands")
-            warnings.warn(f"graphify: the model runs eagerly: {state['disabled']}", GraphifyFallbackWarning, stacklevel=3)
+            self._give_up(drift_reason(difference).replace("the step hands", "the forward hands"))
         return outputs
 
     def _rechecked(self, signature, inputs, constants, entered: bool):
         """A replay run eagerly and recorded instead, against the warmup's record, on CapturedStep's schedule
-        (the first replay after the model is wrapped again, if 128 replays have run since the last such
-        check, and the 128th, 256th, 512th, ... replay). A host value that moved since the capture (set per epoch by
-        code the source does not show) leaves the model eager for good, with a warning that says how many
-        replays may have used the old value (none, at a re-entry)."""
-        state = self.state
-        n, last = state["replays"], state["checked"]
-        state["checked"] = n
-        if entered:
-            state["entry_checked"] = n
+        (states.KeyState.count_replay). A host value that moved since the capture (set per epoch by code the
+        source does not show) leaves the model eager for good, with a warning that says how many replays may
+        have used the old value (none, at a re-entry)."""
+        entry = self.state.keys[signature]
+        stale = entry.start_check(entered)
         with HostValues() as record:
             outputs = self.module(*inputs, **constants)
-        before = state["host_values"].get(signature)
-        difference = first_difference(before, record.calls) if before is not None else None
-        moved = self._layout_moved()
+        difference = first_difference(entry.host_values, record.calls) if entry.host_values is not None else None
+        moved = self.state.layout_moved()
         if difference is not None or moved is not None:
-            stale = f"; up to {n - last - 1} replays before this call may have used the old value" if not entered else ""
-            what = f"a host value the forward hands to the GPU moved after the capture ({difference})"
-            state["disabled"] = (what if difference else moved) + stale
-            warnings.warn(f"graphify: the model runs eagerly: {state['disabled']}", GraphifyFallbackWarning, stacklevel=3)
+            what = f"a host value the forward hands to the GPU moved after the capture ({difference})" if difference else moved
+            self._give_up(what + (f"; up to {stale} replays before this call may have used the old value" if not entered else ""))
         return outputs
-
-    def _layout_moved(self) -> str | None:
-        """What changed in its tensors and submodules since the capture (reach.layout), or None."""
-        state = self.state
-        state["registrations"] = registrations()
-        now = layout([self.module], [])
-        return None if now == state["layout"] else layout_change(state["layout"], now)
 
     def _key(self, inputs, constants) -> tuple:
         """What a graph is valid for: the call's signature and which parameters require grad (a layer
         frozen or unfrozen between steps changes what the backward computes)."""
-        return _signature(inputs, constants), bytes(map(requires_grad, self.state["parameters"]))
+        return _signature(inputs, constants), bytes(map(requires_grad, self.state.parameters))
 
     def _await_backward(self, outputs, flag: str) -> None:
         """Sets `flag` until the backward of this call reaches its outputs. After a replay: another
@@ -238,8 +233,8 @@ class GraphedModule:
         tree_map(lambda t: (needing_grad.append(t) if t.requires_grad else None) or t, outputs)
         if needing_grad:
             state = self.state
-            state[flag] = True
-            torch.autograd.graph.register_multi_grad_hook(needing_grad, lambda _: state.update({flag: False}), mode="any")
+            setattr(state, flag, True)
+            torch.autograd.graph.register_multi_grad_hook(needing_grad, lambda _: setattr(state, flag, False), mode="any")
 
     def _unshare_gradients(self) -> None:
         """Gradients present before a replay may be the graph's buffers (taken by autograd on the last
@@ -257,43 +252,65 @@ class GraphedModule:
             and bool(inputs)
             and all(torch.is_tensor(t) and t.is_cuda for t in inputs)
             and all(v is None or isinstance(v, (numbers.Number, str)) for v in constants.values())
-            and (any(t.requires_grad for t in inputs) or any(map(requires_grad, self.state["parameters"])))  # else no backward to graph
+            and (any(t.requires_grad for t in inputs) or any(map(requires_grad, self.state.parameters)))  # else no backward to graph
             # hooks run at capture only; a hook added after it changes the layout (see __call__)
             and (
-                self.state["graphed"] is not None
+                self.state.signature is not None
                 or not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in self.module.modules())
             )
         )
 
-    def _capture(self, inputs, constants) -> bool:
-        """Graphs the module for these inputs, or leaves it eager for good with one warning."""
-        load = self.state["load"]
+    def _capture(self, signature, inputs, constants) -> bool:
+        """The CAPTURE call: graphs the module for these inputs, or leaves it eager for good with one warning."""
+        load = self.state.load
         why = _wrapped_across_processes(self.module) or why_not_capturable([self.module], [])
         if why is None and load is not None and not capture_forced():
             why = gpu_bound(*load.milliseconds(), "its forward pass")
-        why = why or self._graph(inputs, constants)
+        why = why or self._graph(signature, inputs, constants)
         if why is None:
             return True
-        self.state["disabled"] = why
-        warnings.warn(f"graphify: the model runs eagerly: {why}", GraphifyFallbackWarning, stacklevel=4)
+        self._give_up(why)
         return False
 
-    def _graph(self, inputs, constants) -> str | None:
-        """Captures the forward and backward (make_graphed_callables) and, unless capture is forced, times
-        them against eager passes; then restores what those extra passes changed. Why the module stays
-        eager, or None once its graphs are kept."""
+    def _graph(self, signature, inputs, constants) -> str | None:
+        """Captures the forward and backward and, unless capture is forced, times them against eager passes
+        (_make_graphed); then restores what those extra passes changed. Why the module stays eager, or None
+        once its graphs are kept: the signature is CAPTURED."""
         buffers = [b.clone() for b in self.module.buffers()]
         rng = torch.cuda.get_rng_state()
         # a copy of the generator's state object undoes a failed capture's "capturing" mark; after a
         # capture that worked, the graphs keep the original object, so only its values are restored
         generator = torch.cuda.default_generators[inputs[0].device.index]
         saved_state = generator.clone_state()
+        graphed, trained, why = self._make_graphed(inputs, constants)
+        with torch.no_grad():
+            for buffer, saved in zip(self.module.buffers(), buffers):
+                buffer.copy_(saved)
+        if graphed is not None:
+            torch.cuda.set_rng_state(rng)
+        else:
+            generator.graphsafe_set_state(saved_state)
+        if why is not None:
+            # graphs (or a failed capture's remains) hold static CUDA tensors in reference cycles: collected
+            # later, they could be freed in a DataLoader worker forked before, which cannot touch CUDA and aborts
+            del graphed
+            gc.collect()
+            return why
+        state = self.state
+        state.entry(signature).graph, state.signature = ModuleGraph(graphed, trained), signature
+        state.record_layout()
+        if not capture_forced():
+            state.trial = LoopTrial(event=trial_event(inputs[0].device))
+        return None
+
+    def _make_graphed(self, inputs, constants) -> tuple:
+        """(the graphed callable, or None if capture failed; the parameters it is handed; why it is not kept,
+        or None). The graphs are recorded on aliases of the trained parameters (same storage, new leaves)
+        passed as inputs: eager code may keep alive an autograd graph of the model made on another stream
+        (an action picked with grad on), whose gradient accumulators would make a captured backward wait on
+        that stream and fail. A replay is handed the parameters themselves, so their gradients reach `.grad`."""
         named = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
         trained = [p for _, p in named]
-        # The graphs are recorded on aliases of the trained parameters (same storage, new leaves) passed as
-        # inputs: eager code may keep alive an autograd graph of the model made on another stream (an action
-        # picked with grad on), whose gradient accumulators would make a captured backward wait on that
-        # stream and fail. A replay is handed the parameters themselves, so their gradients reach `.grad`.
         aliases = [p.detach().requires_grad_() for p in trained]
         names = [name for name, _ in named]
 
@@ -317,24 +334,7 @@ class GraphedModule:
             why = capture_failure(exc)
         finally:
             torch.set_autocast_cache_enabled(cache)
-        with torch.no_grad():
-            for buffer, saved in zip(self.module.buffers(), buffers):
-                buffer.copy_(saved)
-        if graphed is not None:
-            torch.cuda.set_rng_state(rng)
-        else:
-            generator.graphsafe_set_state(saved_state)
-        if why is None:
-            self.state["graphed"], self.state["trained"] = graphed, trained
-            self.state["layout"], self.state["registrations"] = layout([self.module], []), registrations()
-            if not capture_forced():
-                self.state["trial"] = LoopTrial(event=trial_event(inputs[0].device))
-        else:
-            # graphs (or a failed capture's remains) hold static CUDA tensors in reference cycles: collected
-            # later, they could be freed in a DataLoader worker forked before, which cannot touch CUDA and aborts
-            del graphed, forward, aliases
-            gc.collect()
-        return why
+        return graphed, trained, why
 
     def _time_passes(self, graphed, inputs, constants, trained) -> tuple[float, float]:
         """(eager ms, replay ms): the fastest of TIMED_PASSES forward and backward passes of each kind on
