@@ -99,6 +99,8 @@ def _environment(run: dict) -> dict[str, str]:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE / "shim" / "datasets"), env.get("PYTHONPATH")]))
     if run.get("root_on_path"):  # the repository's own packages, importable as an installed checkout has them
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORK / run["id"]), env.get("PYTHONPATH")]))
+    for name in run.get("shims", []):  # stand-ins for packages the GPU machine lacks: bench/real/shim/<name>/
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE / "shim" / name), env.get("PYTHONPATH")]))
     if run.get("terminal_shim"):  # `stty size` answers without a terminal
         env["PATH"] = os.pathsep.join([str(HERE / "shim" / "bin"), env.get("PATH", "")])
     for name, value in run.get("env", {}).items():  # `{root}`: the run's repository root
@@ -112,12 +114,23 @@ def _missing_modules(run: dict) -> list[str]:
     return [m for m in run.get("modules", []) if importlib.util.find_spec(m) is None]
 
 
-def _make_data(run: dict) -> None:
+def generators() -> dict:
+    """The data generators a run's `make` names: bench/real/synth.py's, then bench/real/shim/synth_extra.py's."""
+    import importlib.util
+
     from synth import GENERATORS
 
+    spec = importlib.util.spec_from_file_location("synth_extra", HERE / "shim" / "synth_extra.py")
+    extra = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(extra)
+    return {**GENERATORS, **extra.GENERATORS}
+
+
+def _make_data(run: dict) -> None:
+    made = generators()
     for spec in run.get("data", []):
         options = {k: v for k, v in spec.items() if k not in ("make", "at")}
-        GENERATORS[spec["make"]](WORK / run["id"] / spec["at"], **options)
+        made[spec["make"]](WORK / run["id"] / spec["at"], **options)  # an absolute `at` is that path
 
 
 def loop_outcomes(script_id: str, script: Path) -> tuple[list[dict], str | None]:
@@ -156,6 +169,7 @@ def _verify(script: Path, run: dict) -> dict:
         "--keep",
         "--timeout",
         str(VERIFY_TIMEOUT),
+        *(["--steps", str(run["verify_steps"])] if "verify_steps" in run else []),
         "--",
         *run.get("args", []),
     ]

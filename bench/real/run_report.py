@@ -53,6 +53,11 @@ def _row(record: dict, loops: list[dict], device: str) -> str:
         return f"| {record['id']} | {rewritten} | {refused} | not run: {record['skipped']} | | |"
     verify = record.get("verify")
     if verify is None:
+        at_run = [lp for lp in record.get("loops", []) if not lp["rewritten"] and lp["kind"] == "train"]
+        if rewritten != "—" and at_run and not any(lp["rewritten"] for lp in record.get("loops", [])):
+            # the static columns read the script alone; laid out with the files it imports, the run refused it
+            codes = "; ".join(f"{lp['line']} {lp['kind'][:5]} {'/'.join(lp['codes'])}" for lp in at_run)
+            return f"| {record['id']} | {rewritten} | {refused} | nothing to verify: refused where its own modules are beside it ({codes}) | | |"
         return f"| {record['id']} | {rewritten} | {refused} | nothing to verify | | |"
     step = verify.get("speedup")
     state = verify["status"] + (f" (loop {verify['loop']})" if verify.get("loop") else "")
@@ -149,9 +154,17 @@ def write_report(json_path: Path, out: Path) -> int:
     ]
     from run import load_runs
 
-    not_run = load_runs()[1]
+    runs, not_run = load_runs()
+    with_run = {run["id"] for run in runs}
     seen = {record["id"] for record in records}
-    records += [{"id": e["id"], "skipped": not_run.get(e["id"], "no run in runs.toml")} for e in load_manifest() if e["id"] not in seen]
+    records += [
+        {
+            "id": e["id"],
+            "skipped": not_run.get(e["id"], "a run in runs.toml, not run on the GPU yet" if e["id"] in with_run else "no run in runs.toml"),
+        }
+        for e in load_manifest()
+        if e["id"] not in seen
+    ]
     lines += [_row(record, static.get(record["id"], record.get("loops", [])), doc["device"]) for record in records]
     out.write_text("\n".join(lines) + "\n")
     print(out.read_text())
