@@ -215,3 +215,11 @@ def exit_else(stmt: cst.BaseStatement) -> cst.BaseSuite | None:
         return None
     small = lines[0].body
     return block if len(small) == 1 and isinstance(small[0], (cst.Break, cst.Continue, cst.Return)) else None
+
+
+def unguarded(statements) -> list[cst.BaseStatement]:
+    """Statements in the order they run, the branch of each guard (`if ok: ... else: break`) in its place."""
+    out = []
+    for stmt in statements:
+        out.extend(unguarded(stmt.body.body) if exit_else(stmt) is not None else [stmt])
+    return out

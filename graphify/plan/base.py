@@ -179,7 +179,7 @@ def _opened(stmt: cst.BaseStatement, guards: bool) -> list[tuple[cst.BaseStateme
             body=exit_branch,
             leading_lines=stmt.leading_lines,
         )
-        return [(guard, None), *((s, None) for s in stmt.body.body)]
+        return [(guard, None), *(opened for s in stmt.body.body for opened in _opened(s, guards))]
     return [(stmt, None)]
 
 

@@ -10,7 +10,7 @@ from graphify.analysis.calls import is_backward, is_delegated_step, is_model_cal
 from graphify.analysis.discovery import bind_arguments, passed_arguments
 from graphify.analysis.names import dotted
 from graphify.analysis.region import Loop
-from graphify.analysis.statements import names_written, walk
+from graphify.analysis.statements import names_written, unguarded, walk
 from graphify.analysis.vocabulary import DDP, MODEL
 from graphify.model import Rule
 from graphify.plan.base import Refusal, body_of
@@ -43,7 +43,7 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
     outside the model's forward stay eager where they stand; one inside it blocks."""
     if loop.kind != "train" or loop.node.orelse is not None:
         raise Refusal(LOOP_SHAPE, "partial capture is for training loops")
-    body = body_of(loop)
+    body = unguarded(body_of(loop))
     env = loop.region.body_block.env
     calls = [n for s in body for n in walk(s) if isinstance(n, cst.Call)]
     without_grad = {

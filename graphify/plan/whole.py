@@ -212,12 +212,12 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> 
             continue
         if writes & later_reads:
             varying = {n for n in (names_read(stmt) & rebound) - graph_writes if not is_shape_value(n, body)}
-            if has_side_effects(stmt) or varying:
+            if has_side_effects(source_of(stmt)) or varying:
                 why = f"reads `{sorted(varying)[0]}`, which changes between steps" if varying else "calls code with possible side effects"
                 refuse(PER_STEP_HOST_VALUE, stmt, f"a host statement the step needs {why}; capture would run it once", certain=False)
             plan.graph.append(i)  # a host value the step needs (a shape, a constant): computed once at capture
             graph_writes |= writes
-        elif rebound_later and not has_side_effects(stmt):
+        elif rebound_later and not has_side_effects(source_of(stmt)):
             plan.graph.append(i)  # `real_score = outputs` before `outputs` is bound again: kept in its place
             graph_writes |= writes
         elif rebound_later:

@@ -13,7 +13,7 @@ import libcst as cst
 from graphify.analysis.calls import is_delegated_step, is_model_call, is_periodic_gpu_branch, is_step_op, iter_nodes, method_call
 from graphify.analysis.checker import code_of
 from graphify.analysis.names import dotted
-from graphify.analysis.statements import does_gpu_work
+from graphify.analysis.statements import does_gpu_work, unguarded
 from graphify.analysis.vocabulary import ENV, SCALER
 from graphify.rules.registry import rule
 
@@ -172,7 +172,7 @@ def _draws_step_input(ck, node: cst.CSTNode, site) -> bool:
     at = [_statement_position(ck, a, ck.region.nodes[ck.position(a)][1]) for a in anchors]
     if not at or max(at) >= first:
         return False
-    body = ck.loop.node.body.body if isinstance(ck.loop.node.body, cst.IndentedBlock) else ()
+    body = unguarded(ck.loop.node.body.body) if isinstance(ck.loop.node.body, cst.IndentedBlock) else ()
     before = [s for s in body if ck.position(s) <= min(at)][:-1]
     return any(does_gpu_work(s, ck.body_env) for s in before)
 
