@@ -137,6 +137,45 @@ CASES = {
             train(model, loader, 10)
         """,
     ),
+    "GFY253-dgl-blocks-through-enumerate": (
+        "GFY253",
+        """
+        from dgl.dataloading import DataLoader, NeighborSampler
+        def train(g, idx):
+            loader = DataLoader(g, idx, NeighborSampler([10, 10]), batch_size=1024, drop_last=True)
+            for it, (input_nodes, output_nodes, blocks) in enumerate(loader):
+                x = blocks[0].srcdata["feat"]  # here
+                loss = criterion(model(blocks, x), blocks[-1].dstdata["label"])
+                loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        def train(x_all, y_all):
+            loader = torch.utils.data.DataLoader(list(zip(x_all, y_all)), batch_size=1024, drop_last=True)
+            for it, (x, y) in enumerate(loader):
+                loss = criterion(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY253-pyg-loader-in-a-helper-argument": (
+        "GFY253",
+        """
+        import torch_geometric.loader
+        def train_epoch(loader):
+            for batch in loader:
+                pred = model(batch.x)  # here
+                loss = criterion(pred, batch.y)
+                loss.backward(); opt.step(); opt.zero_grad()
+        train_epoch(torch_geometric.loader.NeighborLoader(None, num_neighbors=[10], batch_size=64))
+        """,
+        """
+        def train_epoch(graph):
+            for epoch in range(10):
+                pred = model(graph.x)
+                loss = criterion(pred, graph.y)
+                loss.backward(); opt.step(); opt.zero_grad()
+        train_epoch(None)
+        """,
+    ),
     "GFY252-torchtext-bucket-iterator": (
         "GFY252",
         """

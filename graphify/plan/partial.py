@@ -25,7 +25,7 @@ from graphify.rules.rewrite_safety import LOOP_SHAPE
 # loop body pads what it is given: the models fed other tensors may pay); GFY402: LBFGS re-evaluates its closure, and a graphed model in
 # it, under host logic of its own. Collectives around the models run eagerly where they stand; whether a
 # model is wrapped in DDP only the run can tell, and GraphedModule leaves such a model eager.
-_NEVER = {"GFY703", "GFY252", "GFY402"}
+_NEVER = {"GFY703", "GFY252", "GFY253", "GFY402"}
 
 
 @dataclass

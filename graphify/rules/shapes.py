@@ -5,7 +5,7 @@ import libcst as cst
 from graphify.analysis.calls import local_function
 from graphify.analysis.checker import code_of, is_true, kwarg
 from graphify.analysis.names import dotted
-from graphify.analysis.statements import walk
+from graphify.analysis.statements import unguarded, walk
 from graphify.analysis.tree import returns
 from graphify.analysis.vocabulary import ACCELERATOR
 from graphify.rules.registry import rule
@@ -27,7 +27,20 @@ VARIABLE_LENGTH = rule(
     False,
 )
 
-RULES = (NO_DROP_LAST, VARIABLE_LENGTH)
+GRAPH_BATCH = rule(
+    "GFY253",
+    "graph-batch",
+    "dynamic-shape",
+    "error",
+    "a graph library's loader (PyG, DGL) batches graphs whose node and edge counts change every batch",
+    False,
+)
+
+RULES = (NO_DROP_LAST, VARIABLE_LENGTH, GRAPH_BATCH)
+
+# the packages whose loaders batch graphs (a PyG `Batch`, DGL blocks or a batched `DGLGraph`): objects, not
+# tensors, sized by the graphs sampled into each batch
+_GRAPH_PACKAGES = ("torch_geometric.", "dgl.")
 
 
 _PADDING = {"pad_sequence", "pack_padded_sequence", "pack_sequence", "pad_packed_sequence"}
@@ -98,7 +111,7 @@ def _dataloader(expr, env, depth=0):
         return _dataloader(part[0], part[1], depth + 1) if part is not None else None
     if isinstance(expr, cst.Call):
         last = (env.qualify(expr.func) or "").rsplit(".", 1)[-1]
-        if last == "DataLoader" or env.qualify(expr.func) in _BUCKETING_LOADERS:
+        if last == "DataLoader" or env.qualify(expr.func) in _BUCKETING_LOADERS or _is_graph_loader(expr, env):
             return expr, env
         if (last in ("iter", "enumerate", "tqdm", "cycle", "islice") and expr.args) or (_is_prepare(expr, env) and len(expr.args) == 1):
             return _dataloader(expr.args[0].value, env, depth + 1)
@@ -156,6 +169,32 @@ def _assigning_env(name: str, value, env):
     return env
 
 
+def _is_graph_loader(call: cst.Call, env) -> bool:
+    name = env.qualify(call.func) or ""
+    return name.startswith(_GRAPH_PACKAGES) and name.endswith("Loader")
+
+
+def _graph_batch(ck, call: cst.Call, loader_env):
+    """The first statement of the loop body that reads the graph batch the loop's target holds, where the
+    step takes its per-batch sizes from it."""
+    loop = ck.loop.node
+    if not isinstance(loop, cst.For) or not isinstance(loop.body, cst.IndentedBlock):
+        return
+    items = {n.value for n in walk(loop.target) if isinstance(n, cst.Name)}
+    for stmt in unguarded(loop.body.body):
+        read = next((n for n in walk(stmt) if isinstance(n, cst.Name) and n.value in items), None)
+        if read is not None:
+            yield ck.finding_at(
+                GRAPH_BATCH,
+                read,
+                ck.loop.module,
+                f"`{read.value}` comes from `{code_of(call.func)}`, a graph library's loader: its batches' node and edge counts "
+                "change with every batch, and the runtime tells its batch objects apart only by identity: no graph would replay",
+                "leave this loop eager, or pad each batch to fixed node and edge counts and pass the padded tensors",
+            )
+            return
+
+
 def check(ck):
     seen = set()
     for iterable, env in ck.loop_iterables():
@@ -165,6 +204,8 @@ def check(ck):
         call, loader_env = found
         module = loader_env.module
         seen.add(id(call))
+        if _is_graph_loader(call, loader_env):
+            yield from _graph_batch(ck, call, loader_env)
         if loader_env.qualify(call.func) in _BUCKETING_LOADERS:
             yield ck.finding_at(
                 VARIABLE_LENGTH,
