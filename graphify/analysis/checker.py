@@ -4,21 +4,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterator
+from typing import Callable, Iterator
 
 import libcst as cst
 
-from graphify.analysis.constructions import optimizer_constructions, without_device_moves
-from graphify.analysis.calls import is_model_call, is_optimizer_step, is_step_op, iter_nodes, method_call
-from graphify.analysis.region import Loop, Site
-from graphify.analysis.reach import body_position, first_forward_position, optimizer_step_chains
+from graphify.analysis.calls import is_backward, is_model_call, is_optimizer_step, is_step_op, iter_nodes, method_call
+from graphify.analysis.region import Loop, Region, Site
 from graphify.analysis.scope import collect_scope
 from graphify.analysis.statements import names_written
 from graphify.analysis.targets import unwrap_iterable
+from graphify.analysis.tree import returns
 from graphify.analysis.names import dotted
 from graphify.analysis.program import ModuleInfo
 from graphify.analysis.values import Env
-from graphify.analysis.vocabulary import ADAM_FAMILY, PURE_BUILTINS, SCALER, is_tensor_metadata_method, is_torch_tensor_call
+from graphify.analysis.vocabulary import (
+    ADAM_FAMILY,
+    KNOWN_OPTIMIZERS,
+    MODEL,
+    OPTIMIZER,
+    PURE_BUILTINS,
+    SCALER,
+    is_tensor_metadata_method,
+    is_torch_tensor_call,
+)
 from graphify.model import Rule
 
 _EMPTY_MODULE = cst.Module([])
@@ -500,3 +508,101 @@ def is_host_move(call: cst.Call, env: Env) -> bool:
     """`x.cpu()`, `x.to("cpu")`, `x.to(device="cpu")`."""
     m = method_call(call)
     return m is not None and (m[1] == "cpu" or (m[1] == "to" and bool(call.args) and is_cpu_arg(call.args[0].value, env)))
+
+
+# ---- where a loop's steps run in its body: directly, or inside the functions the body calls ------
+
+
+def optimizer_step_chains(region: Region, position: Callable[[cst.CSTNode], int]) -> list[tuple[int, set[int]]]:
+    """Each optimizer step of the region (`opt.step()`, `scaler.step(opt)`, a loss-scaler helper, or
+    `zero_grad`): where it runs in the loop body, and the ids of it and of every call leading to it."""
+    chains = []
+    for i, (node, site) in enumerate(region.nodes):
+        if not (is_step_op(node, site.env) and not is_backward(node, site.env)) and not _is_zero_grad(node, site.env):
+            continue
+        calls = region.body_calls_of(site)
+        chain = {id(node)} | {id(c) for c in calls}
+        block = site.block
+        while block.call is not None:
+            chain.add(id(block.call))
+            block = block.parent
+        chains.append((min((position(c) for c in calls), default=i), chain))
+    return chains
+
+
+def first_forward_position(region: Region, position: Callable[[cst.CSTNode], int]) -> int:
+    """Where the loop body first runs a model or a backward pass, itself or through a call."""
+    return min(
+        (
+            body_position(region, position, i)
+            for i, (n, s) in enumerate(region.nodes)
+            if type(n) is cst.Call and (is_model_call(n, s.env) or is_backward(n, s.env))
+        ),
+        default=len(region.nodes),
+    )
+
+
+def body_position(region: Region, position: Callable[[cst.CSTNode], int], index: int, last: bool = False) -> int:
+    """Where the region's node at `index` runs in the loop body: its own position there, or that of the
+    body's call leading to it (the first such call, or with `last` the last one). Called functions are
+    walked after the body, so their nodes' own positions say nothing of when they run."""
+    calls = [position(c) for c in region.body_calls_of(region.nodes[index][1])]
+    return (max if last else min)(calls, default=index)
+
+
+def _is_zero_grad(node: cst.CSTNode, env: Env) -> bool:
+    m = method_call(node)
+    return m is not None and m[1] == "zero_grad" and env.kind_of(m[0]) in (OPTIMIZER, MODEL, SCALER)
+
+
+# ---- every construction an optimizer name may hold, for rules that judge the optimizer's class and flags ---
+
+_MAX_DEPTH = 6
+
+
+def without_device_moves(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """`model` of `model.to(device).cuda()`: the object a move returns is the one it was called on."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("to", "cuda"):
+        expr = expr.func.value
+    return expr
+
+
+def optimizer_constructions(expr: cst.BaseExpression, env: Env, depth: int = 0) -> Iterator[tuple[str, cst.Call, object]]:
+    """(class name, call, ModuleInfo) for each call that may have built `expr`: every assignment of a name
+    (`if args.optimizer == "adamw": ... elif ...`), both arms of a conditional expression, the returns of a
+    same-file builder function, and a class held in a name (`optimizer_cls = torch.optim.AdamW`)."""
+    if depth > _MAX_DEPTH:
+        return
+    expr = without_device_moves(expr)
+    if isinstance(expr, cst.IfExp):
+        yield from optimizer_constructions(expr.body, env, depth + 1)
+        yield from optimizer_constructions(expr.orelse, env, depth + 1)
+        return
+    if isinstance(expr, cst.Call):
+        yield from _call_constructions(expr, env, depth)
+        return
+    name = dotted(expr)
+    if name in env.bound:
+        caller, arg = env.bound[name]
+        yield from optimizer_constructions(arg, caller, depth + 1)
+    elif name is not None:
+        for value in env.values_of(name):
+            yield from optimizer_constructions(value, env, depth + 1)
+
+
+def _call_constructions(call: cst.Call, env: Env, depth: int) -> Iterator[tuple[str, cst.Call, object]]:
+    qual = env.qualify(call.func) or ""
+    func = call.func.value if isinstance(call.func, cst.Name) else None
+    module = env.module
+    if func is None or qual.rsplit(".", 1)[-1] in KNOWN_OPTIMIZERS:
+        yield qual.rsplit(".", 1)[-1], call, module
+        return
+    if module is not None and func in module.functions and func not in env.scope.values:
+        builder = module.function_info(module.functions[func], None)
+        inner = builder.new_env()
+        for value in (r.value for r in returns(builder.node)):
+            yield from optimizer_constructions(value, inner, depth + 1)
+        return
+    classes = [env.qualify(v) or "" for v in env.values_of(func)] or [qual]
+    for held in classes:
+        yield held.rsplit(".", 1)[-1], call, module

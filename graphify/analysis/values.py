@@ -241,7 +241,7 @@ class Env:
     def is_host(self, expr: cst.BaseExpression) -> bool:
         return self._tensor(expr, 0) is False
 
-    def _tensor(self, expr: cst.BaseExpression, depth: int) -> bool | None:
+    def _tensor(self, expr: cst.BaseExpression, depth: int) -> bool | None:  # noqa: C901 (one case per kind of expression)
         """True: holds a tensor; False: a host value; None: unknown."""
         if depth > 12:
             return None

@@ -374,3 +374,12 @@ class ReplaceNodes(cst.CSTTransformer):
 
     def on_leave(self, original, updated):
         return self.replacements.get(id(original), updated)
+
+
+def fresh_name(base: str, taken: set[str]) -> str:
+    """A name the rewrite introduces, chosen so that it cannot collide with the user's: `base`, or `base_2`..."""
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    taken.add(name)
+    return name

@@ -21,9 +21,8 @@ from graphify.analysis.calls import method_call
 from graphify.analysis.statements import contains, names_read, names_written, walk
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
-from graphify.plan.base import EMPTY, Plan, ReplaceNodes
+from graphify.plan.base import EMPTY, Plan, ReplaceNodes, fresh_name
 from graphify.plan.dataflow import RANDOM_FACTORIES as _RANDOM
-from graphify.plan.names import fresh_name
 from graphify.rules.allocation import HOST_DATA
 from graphify.rules.devices import HOST_TENSOR_COPY, is_device_copy, legacy_tensor_type
 from graphify.rules.rewrite_safety import HOST_RANDOM

@@ -44,6 +44,7 @@ from graphify.plan.base import (
     in_loop_scope,
     is_scaler_call,
     branch_statements,
+    fresh_name,
     is_mode_block,
     is_zero_grad,
     moved_statements,
@@ -56,7 +57,6 @@ from graphify.plan.base import (
 from graphify.plan.draws import drawn_nodes, plan_draws
 from graphify.plan.inputs import find_inputs_outputs, is_shape_value
 from graphify.plan.mutations import check_loop_mutations
-from graphify.plan.names import fresh_name
 from graphify.rules.devices import HOST_TENSOR_COPY, device_for_factory
 from graphify.rules.distributed import DDP_MODEL
 from graphify.rules.rewrite_safety import (

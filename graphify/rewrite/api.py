@@ -15,7 +15,7 @@ from graphify.files import python_syntax_error
 from graphify.model import FileError, Verdict
 from graphify.rewrite.bundle import RuntimeChoice, bound_runtime_names, runtime_header
 from graphify.rewrite.emit import CAPTURED_STEP, DDP_BUILDER, GRAPHED_MODULE, Emission, Rewriter
-from graphify.plan.names import fresh_name
+from graphify.plan.base import fresh_name
 from graphify.plan import PartialPlan
 from graphify.plan.dataflow import attribute_targets
 
