@@ -137,6 +137,40 @@ CASES = {
             train(model, loader, 10)
         """,
     ),
+    "GFY009-mask-made-by-a-method": (
+        "GFY009",
+        """
+        for x, labels in loader:
+            sim = model(x) @ model(x).T
+            positives = sim[labels.bool()]  # here
+            loss = -positives.mean()
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        for x, labels in loader:
+            sim = model(x) @ model(x).T
+            positives = sim[labels.long()]
+            loss = -positives.mean()
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+    "GFY009-indexes-where-a-condition-holds": (
+        "GFY009",
+        """
+        for x, labels in loader:
+            logits = model(x)
+            indices = np.where(labels.cpu().numpy() != 0)
+            loss = criterion(logits[indices], labels[indices])  # here
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+        """
+        for x, labels in loader:
+            logits = model(x)
+            weights = np.where(labels.cpu().numpy() != 0, 1.0, 0.5)
+            loss = criterion(logits, labels)
+            loss.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
     "GFY253-dgl-blocks-through-enumerate": (
         "GFY253",
         """

@@ -80,14 +80,23 @@ def _library_metric(receiver: cst.BaseExpression, env) -> bool:
     )
 
 
+_MASK_FUNCTIONS = {"isfinite", "isnan", "isinf", "logical_and", "logical_or", "logical_not", "eq", "ne", "gt", "lt", "ge", "le"}
+_MASK_METHODS = _MASK_FUNCTIONS | {"bool", "byte", "logical_xor"}
+
+
 def _is_boolean_mask(index: cst.BaseExpression, env) -> bool:
     if isinstance(index, cst.Comparison) or (isinstance(index, cst.UnaryOperation) and isinstance(index.operator, cst.BitInvert)):
         return env.is_tensor(index)
     if isinstance(index, cst.BinaryOperation) and isinstance(index.operator, (cst.BitAnd, cst.BitOr)):
         return env.is_tensor(index)
     if isinstance(index, cst.Call):
-        name = (env.qualify(index.func) or "").rsplit(".", 1)[-1]
-        return name in ("isfinite", "isnan", "isinf", "logical_and", "logical_or", "logical_not", "eq", "ne", "gt", "lt", "ge", "le")
+        m = method_call(index)
+        if m is not None and m[1] in _MASK_METHODS and env.is_tensor(m[0]):
+            return True  # `labels.bool()`, `mask.byte()` (a uint8 mask indexes as a boolean one), `x.ne(0)`
+        qual = env.qualify(index.func) or ""
+        if qual in ("numpy.where", "numpy.nonzero", "torch.where") and len(index.args) == 1:
+            return True  # the indexes where a condition holds: as many as it holds for
+        return qual.rsplit(".", 1)[-1] in _MASK_FUNCTIONS
     if isinstance(index, cst.Name):
         return any(_is_boolean_mask(v, env) for v in env.values_of(index.value) if not isinstance(v, cst.Name))
     return False
