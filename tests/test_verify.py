@@ -424,3 +424,47 @@ def test_a_short_run_says_what_it_did_not_cover(tmp_path):
     ]
     result = CliRunner().invoke(cli, ["verify", write(tmp_path, EPOCHS, "again.py"), "--steps", "20", "--json"])
     assert len(json.loads(result.stdout)["warnings"]) == 2
+
+
+NONDETERMINISTIC = """\
+import os
+
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+# batches from the operating system's entropy: every run of the script sees other data
+raw = torch.tensor(list(os.urandom(20 * 16 * 9)), dtype=torch.float32).reshape(20, 16, 9) / 255
+data = [(b[:, :8], b[:, 8:]) for b in raw]
+for x, y in data:
+    optimizer.zero_grad()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_differences_the_original_makes_with_itself_are_no_failure(tmp_path):
+    """A script whose steps differ from run to run (here its data; on a GPU, atomic scatter-adds): verify runs
+    the original once more on its own trajectory and judges the rewrite against what the two differ by."""
+    report = verify_file(write(tmp_path, NONDETERMINISTIC), steps=STEPS)
+    assert report.passed, (report.message, report.detail)
+    assert "within the original's own run-to-run differences" in report.message
+    assert any("two runs of the original differ too" in w for w in report.warnings)
+
+
+def test_a_rewrite_beyond_the_originals_own_differences_fails():
+    from graphify.verify import NOISE_FACTOR, _within_noise
+    from graphify.verify.compare import Comparison, Diff
+
+    def comparison(params_rel: float) -> Comparison:
+        params = Diff()
+        params.add("step 2", params_rel, 1.0, 0.0, 0.0)
+        return Comparison(0.0, 0.0, 0.0, True, (5, 5), Diff(), params, Diff(), 4)
+
+    noise = comparison(0.01)
+    assert _within_noise(comparison(NOISE_FACTOR * 0.01), noise)
+    assert not _within_noise(comparison(NOISE_FACTOR * 0.01 * 1.5), noise)
+    assert not _within_noise(Comparison(0.0, 0.0, 0.0, True, (5, 4), Diff(), Diff(), Diff(), 4), noise)
