@@ -1261,3 +1261,19 @@ def test_host_statements_of_builtins_and_a_branch_rebinding_an_input_stay_in_the
     [loop] = _train_loops(result)
     assert loop.rewritten and not loop.model_only, loop.reasons
     assert "key=(target is not None,)" in result.code
+
+
+@pytest.mark.parametrize("name", ["d", "g", "t"])
+def test_a_short_loop_variable_is_no_model_by_its_name(name):
+    """`tuple(d.cuda() for d in data)`: a lowercase `d` is no discriminator; its copy is a per-step copy."""
+    source = f"""
+    def train(model, loader, opt):
+        for data, target in loader:
+            data = tuple({name}.cuda() for {name} in data)
+            opt.zero_grad()
+            loss = F.mse_loss(model(*data), target.cuda())
+            loss.backward()
+            opt.step()
+    """
+    report = analyze_source(_HEADER + textwrap.dedent(source), "train.py", Settings())
+    assert sum(d.code == "GFY301" for d in report.diagnostics) == 2

@@ -26,11 +26,12 @@ KNOWN_OPTIMIZERS = ADAM_FAMILY | NEVER_CAPTURABLE | {"SGD", "Adagrad", "Adafacto
 # nn.Module methods that return the module itself: `Net().to(device).eval()` is a `Net`
 MODULE_RETURNS_SELF = {"to", "cuda", "cpu", "train", "eval", "half", "float", "double", "bfloat16", "requires_grad_"}
 
+# `G` and `D` (a GAN's generator and discriminator) only in capitals: a lowercase `d` or `g` is as often
+# a loop variable (`tuple(d.cuda() for d in data)`) or a graph
 _MODEL_NAME = re.compile(
-    r"^(self\.)?(model|net|network|module|encoder|decoder|generator|discriminator|gen|disc|netG|netD|G|D|"
+    r"^(self\.)?((?i:model|net|network|module|encoder|decoder|generator|discriminator|gen|disc|netG|netD|"
     r"policy|critic|actor|value_net|q_net|qnet|target_net|classifier|backbone|head|ae|autoencoder|vae|unet|"
-    r"transformer|gpt|bert|lm|student|teacher|mlp|cnn|rnn|lstm|[a-z_]*_(model|net|encoder|decoder))$",
-    re.IGNORECASE,
+    r"transformer|gpt|bert|lm|student|teacher|mlp|cnn|rnn|lstm|[a-z_]*_(model|net|encoder|decoder))|G|D)$"
 )
 _OPTIMIZER_NAME = re.compile(
     r"^(self\.)?(opt|optim|optimizer|optimiser)(_[a-z0-9]+|[GD])?$|^(self\.)?[a-z0-9_]*_(opt|optim|optimizer|optimiser)$"
