@@ -145,7 +145,7 @@ class StepBody:
         out: list[cst.BaseStatement] = []
         last = None
         for index, stmt in entries:
-            block = self.blocks[index] if index is not None else None
+            block = self.blocks[index]
             if block is not None and block is last and isinstance(stmt, cst.With):
                 merged = [*out[-1].body.body, *stmt.body.body]
                 out[-1] = out[-1].with_changes(body=out[-1].body.with_changes(body=merged))
