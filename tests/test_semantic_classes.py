@@ -1017,39 +1017,17 @@ def evaluate(model, loader, device, num_batches):
     return total / num_batches
 """
 
+_GUARDED_STEP = """
+x, y = x.to(device), y.to(device)
+with torch.no_grad():
+    loss = F.cross_entropy(model(x), y)
+total += loss.item()"""
+
 _GUARDS = {
-    "if-else-break": """
-        if i < num_batches:
-            x, y = x.to(device), y.to(device)
-            with torch.no_grad():
-                loss = F.cross_entropy(model(x), y)
-            total += loss.item()
-        else:
-            break""",
-    "if-not-break": """
-        if not (i < num_batches):
-            break
-        x, y = x.to(device), y.to(device)
-        with torch.no_grad():
-            loss = F.cross_entropy(model(x), y)
-        total += loss.item()""",
-    "if-else-continue": """
-        if i < num_batches:
-            x, y = x.to(device), y.to(device)
-            with torch.no_grad():
-                loss = F.cross_entropy(model(x), y)
-            total += loss.item()
-        else:
-            continue""",
-    "if-else-return": """
-        if i < num_batches:
-            x, y = x.to(device), y.to(device)
-            with torch.no_grad():
-                loss = F.cross_entropy(model(x), y)
-            total += loss.item()
-        else:
-            return total / num_batches""",
+    f"if-else-{exit.split()[0]}": f"if i < num_batches:{textwrap.indent(_GUARDED_STEP, '    ')}\nelse:\n    {exit}"
+    for exit in ("break", "continue", "return total / num_batches")
 }
+_GUARDS["if-not-break"] = f"if not (i < num_batches):\n    break{_GUARDED_STEP}"
 
 
 @pytest.mark.parametrize("name", sorted(_GUARDS))

@@ -294,9 +294,9 @@ def _split_at_scaler(plan: Plan, body: list[cst.BaseStatement], env: Env) -> tup
     the scaler's step: its index -> where in its branch the eager part starts."""
     span = list(range(plan.first, plan.last + 1))
     for i in span:
-        if not any(is_scaler_call(n, env) for n in walk(body[i])):
+        if not _calls_scaler(body[i], env):
             continue
-        if any(isinstance(n, cst.Call) and is_backward(n, env) for j in span if j < i for n in walk(body[j])):
+        if _runs_backward([body[j] for j in span if j < i], env):
             plan.tail = [j for j in span if j >= i]
             return [j for j in span if j < i], {}
         if (k := _scaler_after_backward_in_branch(body[i], env)) is not None:
@@ -314,17 +314,23 @@ def _scaler_after_backward_in_branch(stmt: cst.BaseStatement, env: Env) -> int |
     if not isinstance(stmt, cst.If):
         return None
     chain = if_chain(stmt)
-    if chain.one_line or any(is_scaler_call(n, env) for branch in chain.branches[1:] for s in branch for n in walk(s)):
+    if chain.one_line or any(_calls_scaler(s, env) for branch in chain.branches[1:] for s in branch):
         return None
     branch = step_statements(chain.branches[0], guards=False).statements
-    first = next((k for k, s in enumerate(branch) if any(is_scaler_call(n, env) for n in walk(s))), None)
-    if first is None or not any(isinstance(n, cst.Call) and is_backward(n, env) for s in branch[:first] for n in walk(s)):
-        return None
-    return first
+    first = next((k for k, s in enumerate(branch) if _calls_scaler(s, env)), None)
+    return first if first is not None and _runs_backward(branch[:first], env) else None
+
+
+def _calls_scaler(stmt: cst.BaseStatement, env: Env) -> bool:
+    return any(is_scaler_call(n, env) for n in walk(stmt))
+
+
+def _runs_backward(stmts: list[cst.BaseStatement], env: Env) -> bool:
+    return any(isinstance(n, cst.Call) and is_backward(n, env) for s in stmts for n in walk(s))
 
 
 def _refuse_scaler_before_backward(stmt: cst.BaseStatement, env: Env) -> None:
-    if any(isinstance(n, cst.Call) and is_backward(n, env) for n in walk(stmt)):
+    if _runs_backward([stmt], env):
         why = "the GradScaler step shares a statement (a branch) with the backward pass: the step is split at the scaler, which runs eagerly after the captured backward"
         raise Refusal(LOOP_SHAPE, why, stmt)
     raise Refusal(LOOP_SHAPE, "GradScaler step comes before the backward pass", stmt)
