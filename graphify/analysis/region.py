@@ -59,37 +59,27 @@ class Region:
     def body_calls_of(self, site: Site) -> list[cst.Call]:
         """For a node inside a called function, every call in the loop body that leads to it: the first
         one, and those that reach the same function (or a function between) again."""
-        calls, seen, pending = [], set(), [site]
-        while pending:
-            block = pending.pop().block
-            while block is not None and block is not self.body_block:
-                if id(block.func.node) not in seen:
-                    seen.add(id(block.func.node))
-                    for call, call_site in self.repeats.get(id(block.func.node), []):
-                        if call_site.block is self.body_block:
-                            calls.append(call)
-                        else:
-                            pending.append(call_site)
-                if block.parent is self.body_block:
-                    calls.append(block.call)
-                block = block.parent
-        return calls
+        return [call for call, block in self._calls_on_the_way(site) if block is self.body_block]
 
     def calls_leading_to(self, site: Site) -> set[int]:
         """ids of every call, at any depth, whose function (or one it calls) holds the node at `site`:
         the call that entered each block on the way up, and the later calls of functions walked once."""
-        calls, seen, pending = set(), set(), [site]
+        return {id(call) for call, _ in self._calls_on_the_way(site)}
+
+    def _calls_on_the_way(self, site: Site):
+        """(call, the block it stands in) for each call from the loop body down to `site`'s block: the call
+        that entered each block on the way up, and the later calls of each function walked once."""
+        seen, pending = set(), [site]
         while pending:
             block = pending.pop().block
             while block is not None and block is not self.body_block:
                 if id(block.func.node) not in seen:
                     seen.add(id(block.func.node))
                     for call, call_site in self.repeats.get(id(block.func.node), []):
-                        calls.add(id(call))
+                        yield call, call_site.block
                         pending.append(call_site)
-                calls.add(id(block.call))
+                yield block.call, block.parent
                 block = block.parent
-        return calls
 
 
 @dataclass
