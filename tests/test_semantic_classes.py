@@ -1255,3 +1255,100 @@ def test_a_short_loop_variable_is_no_model_by_its_name(name):
     """
     report = analyze_source(_HEADER + textwrap.dedent(source), "train.py", Settings())
     assert sum(d.code == "GFY301" for d in report.diagnostics) == 2
+
+
+# ---- host I/O told by what makes the object or names the function ----------------------------------
+
+_IO_LOOP = """
+{imports}
+
+def train(model, loader, opt, device, total):
+    {setup}
+    global_step = 0
+    for x, y in {loader}:
+        x, y = x.to(device), y.to(device)
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        global_step += 1
+        {io}
+"""
+
+# (imports, setup, the loop's iterable, the I/O statement, the code it is told by)
+_HOST_IO = {
+    "progress_bar_named_freely": (
+        "",
+        "epoch_iterator = tqdm(loader)",
+        "epoch_iterator",
+        'epoch_iterator.set_description("%d / %d" % (global_step, total))',
+        "GFY511",
+    ),
+    "progress_bar_update": ("", "bar = tqdm(total=total)", "loader", "bar.update(1)", "GFY511"),
+    "progress_bar_in_place_of_the_loader": ("", "loader = tqdm(loader)", "loader", 'loader.set_postfix_str("lr")', "GFY511"),
+    "writer_of_a_library": (
+        "from tensorboardX import SummaryWriter",
+        "sw = SummaryWriter()",
+        "loader",
+        "sw.add_audio('x', x, global_step)",
+        "GFY511",
+    ),
+    "logger_class_of_a_sibling_module": (
+        "from utils.logger import Logger",
+        "lg = Logger('runs')",
+        "loader",
+        "lg.scalar_summary('loss', 1.0, global_step)",
+        "GFY511",
+    ),
+    "reporting_helper_of_a_sibling_module": ("from utils.tools import visual", "", "loader", "visual(y, x, 'out.pdf')", "GFY511"),
+    "log_helper_of_a_sibling_module": ("from utils import log", "", "loader", "log(None, global_step, losses=2.0)", "GFY511"),
+    "saving_helper_of_a_module": ("import utils", "", "loader", "utils.saveimg(x, 'sample.png')", "GFY512"),
+    "image_saved_by_pil": ("from PIL import Image", "", "loader", "Image.fromarray(np.zeros((2, 2))).save('a.png')", "GFY512"),
+    "figure_saved": ("import matplotlib.pyplot as plt", "", "loader", "plt.savefig('loss.png')", "GFY512"),
+}
+
+
+def _io_loop(case: str) -> str:
+    imports, setup, loader, io, _ = _HOST_IO[case]
+    return _IO_LOOP.format(imports=imports, setup=setup or "pass", loader=loader, io=io)
+
+
+@pytest.mark.parametrize("case", sorted(_HOST_IO))
+def test_host_io_is_told_by_what_made_the_object_or_names_the_function(case):
+    assert _HOST_IO[case][-1] in _codes(_io_loop(case))
+
+
+@pytest.mark.parametrize("case", sorted(_HOST_IO))
+def test_host_io_moves_after_the_replay_and_freezes_nothing(case):
+    """What only a progress bar, a logger or a file reads (`global_step` in a description) is no value the
+    step reads: the step is captured whole, the I/O runs after each replay."""
+    source = _io_loop(case)
+    assert not _codes(source) & {"GFY701", "GFY703", "GFY706"}
+    loops = _train_loops(_outcomes(source))
+    assert [(o.rewritten, o.model_only) for o in loops] == [(True, False)]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "img = plot_spectrogram_to_numpy(x)",  # its result is used: it computes
+        "lp = log_prob(x)",
+        "z = log(2.0)",
+        "MetricLogger().update(loss=1.0)",  # a class of this file: its body decides
+    ],
+)
+def test_a_call_that_computes_is_not_host_io_by_its_name(statement):
+    source = """
+from utils import plot_spectrogram_to_numpy, log_prob
+from math import log
+
+
+class MetricLogger:
+    def __init__(self):
+        self.totals = {}
+
+    def update(self, **values):
+        for name, value in values.items():
+            self.totals[name] = self.totals.get(name, 0.0) + value
+""" + _IO_LOOP.format(imports="", setup="pass", loader="loader", io=statement)
+    assert not _codes(source) & {"GFY511", "GFY512"}

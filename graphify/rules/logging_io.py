@@ -3,7 +3,7 @@
 import libcst as cst
 
 from graphify.analysis.checker import code_of
-from graphify.analysis.logging_calls import is_logging_call
+from graphify.analysis.logging_calls import is_file_write, is_logging_call, is_named_as_reporting
 from graphify.analysis.calls import is_periodic_gpu_branch, method_call
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import walk
@@ -110,11 +110,17 @@ def _periodic_saves(call: cst.Call, site, ck):
             )
 
 
+def _result_unused(call: cst.Call, site) -> bool:
+    """`visual(gt, pred, path)` as a statement of its own: a call kept for its effect, not its value."""
+    parent = site.ancestors[-1] if site.ancestors else None
+    return isinstance(parent, cst.Expr) and parent.value is call
+
+
 def check(ck):
     for call, site in ck.calls():
         env = site.env
         yield from _periodic_saves(call, site, ck)
-        if is_logging_call(call, env):
+        if is_logging_call(call, env) or (_result_unused(call, site) and is_named_as_reporting(call, env)):
             yield ck.finding(
                 LOGGING,
                 call,
@@ -134,7 +140,13 @@ def check(ck):
                 "step the profiler between replays, outside the captured region",
                 True,
             )
-        elif qual in _FILE_IO or qual in _FILE_SYSTEM or _is_saver(call, qual) or _is_file_write(call, env):
+        elif (
+            qual in _FILE_IO
+            or qual in _FILE_SYSTEM
+            or _is_saver(call, qual)
+            or _is_file_write(call, env)
+            or (_result_unused(call, site) and is_file_write(call, env))
+        ):
             yield ck.finding(
                 CHECKPOINT,
                 call,
