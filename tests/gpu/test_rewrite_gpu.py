@@ -12,7 +12,7 @@ import torch
 from graphify.rewrite import rewrite_source
 from graphify.runtime.common import WARMUP
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
