@@ -7,82 +7,58 @@ bench/never_slower/run.py measures the three forms side by side with eager."""
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import torch
+from harness import assert_all_close, batches, eager, fallbacks, small_model, snapshot, train
 
-from graphify.runtime import CapturedStep, GraphedModule, GraphifyFallbackWarning, common, graphed_module
+from graphify.runtime import CapturedStep, GraphedModule
 from graphify.runtime.common import TRIAL_BLOCK, TRIAL_BLOCKS
 
-pytestmark = pytest.mark.cuda
 CALLS = 3 + 1 + 1 + TRIAL_BLOCK * TRIAL_BLOCKS + 12  # warmup (3 + 1 recorded), capture, the trial, then replays or eager calls
 
 
 def _setup():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
+    model = small_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(32, 16, generator=g).cuda(), torch.randn(32, 1, generator=g).cuda()) for _ in range(CALLS)]
-    return model, opt, batches
+    return model, opt, list(batches(CALLS))
 
 
 def _train(wrap):
-    """Parameters after CALLS steps of `wrap(step function, model)`, and the wrapper and fallback messages."""
-    model, opt, batches = _setup()
-
-    def train_step(x, y):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    step = wrap(train_step)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for x, y in batches:
-            step(x, y)
-    torch.cuda.synchronize()
-    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
-    return [p.detach().clone() for p in model.parameters()], step, messages
-
-
-def _close(got, expected):
-    for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    """Parameters after CALLS steps of `wrap(step function)`, and the wrapper and fallback messages."""
+    return train(wrap, *_setup())
 
 
 def test_replays_faster_in_the_loop_keep_their_graphs():
     """A small step: a replay launches one graph where eager launches each kernel."""
-    expected, _, _ = _train(lambda f: f)
-    got, step, messages = _train(CapturedStep)
-    assert messages == [] and step.state.graphs and step.state.trial is None
-    eager_ms, replay_ms = step.state.trial_costs
-    assert 0 < replay_ms < eager_ms < math.inf, step.state.trial_costs
-    _close(got, expected)
+    expected = _train(eager).params
+    got = _train(CapturedStep)
+    state = got.step.state
+    assert got.messages == [] and state.graphs and state.trial is None, got.messages
+    eager_ms, replay_ms = state.trial_costs
+    assert 0 < replay_ms < eager_ms < math.inf, state.trial_costs
+    assert_all_close(got.params, expected)
 
 
-def test_replays_not_faster_leave_the_step_eager_with_one_warning(monkeypatch):
-    monkeypatch.setattr(common, "MIN_LOOP_GAIN", 1e9)
-    expected, _, _ = _train(lambda f: f)
-    got, step, messages = _train(CapturedStep)
+def test_replays_not_faster_leave_the_step_eager_with_one_warning(timings_say):
+    timings_say(loop_pays=False)
+    expected = _train(eager).params
+    got = _train(CapturedStep)
+    messages = got.messages
     assert len(messages) == 1 and "train_step` runs eagerly: no gain expected: measured in its loop, a step took" in messages[0], messages
-    assert step.state.graphs == {} and step.state.disabled.startswith("no gain expected")
-    _close(got, expected)
+    assert got.step.state.graphs == {} and got.step.state.disabled.startswith("no gain expected")
+    assert_all_close(got.params, expected)
 
 
-def test_capture_forced_keeps_the_graphs_without_a_trial(monkeypatch):
-    monkeypatch.setattr(common, "MIN_LOOP_GAIN", 1e9)
-    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
-    _, step, messages = _train(CapturedStep)
-    assert messages == [] and step.state.graphs and not step.state.tried
+def test_capture_forced_keeps_the_graphs_without_a_trial(timings_say, always_capture):
+    timings_say(loop_pays=False)
+    got = _train(CapturedStep)
+    assert got.messages == [] and got.step.state.graphs and not got.step.state.tried, got.messages
 
 
 @pytest.mark.parametrize("pays", [True, False])
-def test_an_evaluation_step_is_tried_as_a_training_step(monkeypatch, pays):
-    monkeypatch.setattr(common, "MIN_LOOP_GAIN", 0.0 if pays else 1e9)
+def test_an_evaluation_step_is_tried_as_a_training_step(timings_say, pays):
+    timings_say(loop_pays=pays)
     model, _, batches = _setup()
     model.eval()
 
@@ -90,25 +66,21 @@ def test_an_evaluation_step_is_tried_as_a_training_step(monkeypatch, pays):
         return model(x)
 
     step = CapturedStep(inference_step)
-    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
-        warnings.simplefilter("always")
+    with fallbacks() as messages, torch.no_grad():
         for x, _ in batches:
             torch.testing.assert_close(CapturedStep.copy(step(x)), model(x), rtol=1e-6, atol=1e-6)
-    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
     assert bool(step.state.graphs) == pays and len(messages) == (0 if pays else 1), messages
 
 
 @pytest.mark.parametrize("pays", [True, False])
-def test_a_model_graphed_beside_a_nan_guard_is_tried_in_its_loop(monkeypatch, pays):
+def test_a_model_graphed_beside_a_nan_guard_is_tried_in_its_loop(timings_say, pays):
     """The model's forward and backward graphed, the loss read on the host every step (a NaN guard)."""
-    monkeypatch.setattr(graphed_module, "MIN_REPLAY_GAIN", 0.0)  # the side-by-side passes keep the graphs: the trial decides
-    monkeypatch.setattr(common, "MIN_LOOP_GAIN", 0.0 if pays else 1e9)
+    timings_say(passes_pay=True, loop_pays=pays)  # the side-by-side passes keep the graphs: the trial decides
 
-    def train(graphed):
+    def train_guarded(graphed):
         model, opt, batches = _setup()
         call = GraphedModule(model) if graphed else model
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with fallbacks() as messages:
             for x, y in batches:
                 loss = torch.nn.functional.mse_loss(call(x), y)
                 if torch.isnan(loss):
@@ -116,12 +88,10 @@ def test_a_model_graphed_beside_a_nan_guard_is_tried_in_its_loop(monkeypatch, pa
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-        torch.cuda.synchronize()
-        messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
-        return [p.detach().clone() for p in model.parameters()], call, messages
+        return snapshot(model.parameters()), call, messages
 
-    expected, _, _ = train(False)
-    got, graphed, messages = train(True)
+    expected, _, _ = train_guarded(False)
+    got, graphed, messages = train_guarded(True)
     if pays:
         assert messages == [] and graphed.state["graphed"] is not None and graphed.state["trial"] is None
         eager_ms, replay_ms = graphed.state["trial_costs"]
@@ -132,4 +102,4 @@ def test_a_model_graphed_beside_a_nan_guard_is_tried_in_its_loop(monkeypatch, pa
             and "the model runs eagerly: no gain expected: measured in its loop, its forward and backward took" in messages[0]
         )
         assert graphed.state["graphed"] is None and graphed.state["disabled"] is not None
-    _close(got, expected)
+    assert_all_close(got, expected)
