@@ -1,6 +1,6 @@
 """The loop trial (runtime/common.py LoopTrial): after a capture, replayed and eager calls in turns in the
 user's loop, each call's period timed; the graphs are kept only when replayed calls are clearly faster.
-Fake clocks stand in for the GPU here; tests/test_never_slower_gpu.py runs the helpers on CUDA."""
+Fake clocks stand in for the GPU here; tests/gpu/test_never_slower_gpu.py runs the helpers on CUDA."""
 
 from __future__ import annotations
 

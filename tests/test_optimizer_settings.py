@@ -21,7 +21,7 @@ def _stepped_adam(**kwargs):
 
 
 def test_a_group_made_capturable_is_given_back_as_built():
-    """(The step counts' move to the GPU and back is in test_runtime_gpu.)"""
+    """(The step counts' move to the GPU and back is in tests/gpu/test_runtime_gpu.py.)"""
     optimizer, w = _stepped_adam()
     changed: list = []
     make_capturable([optimizer], changed)

@@ -1,7 +1,7 @@
 """Partial capture (the model's forward and backward replayed from graphs, the rest of the step eager):
 what the planner lets through. A replayed backward hands autograd the graph's own gradient buffers; the
 runtime copies gradients still present out of them before each replay, so accumulation is allowed
-(tests/test_partial_capture_gpu.py proves it on a GPU). A call made while the last replay still waits for
+(tests/gpu/test_partial_capture_gpu.py proves it on a GPU). A call made while the last replay still waits for
 its backward runs eagerly, so the model may also be called under a condition or twice in a step."""
 
 import pytest

@@ -1,7 +1,7 @@
 """The runtime's state machine on the CPU (runtime/states.py): each key goes WARMUP, RECORD, RECORD, TIMED,
 CAPTURE, then CAPTURED, and EAGER for good once a reason is found, with one warning. What touches CUDA is
 faked (the side stream, the graph, the clocks): each call logs what it ran, so a phase skipped, repeated
-or run out of turn changes the log. tests/test_runtime_gpu.py and the other CUDA tests run the real thing."""
+or run out of turn changes the log. The CUDA tests (tests/gpu/) run the real thing."""
 
 from __future__ import annotations
 
@@ -388,7 +388,7 @@ def test_a_model_waits_for_the_backward_of_its_last_warmup_call_and_of_its_repla
 def test_giving_up_leaves_no_frame_for_the_garbage_collector(wrap):
     """The warning is shown at the caller's line, found by walking the frames: a frame left in a reference
     cycle would keep its callers' locals (tensors) until a collection, which in a DataLoader worker forked
-    meanwhile, touching CUDA tensors, aborts (tests/test_graphed_module_gpu.py runs it on CUDA)."""
+    meanwhile, touching CUDA tensors, aborts (tests/gpu/test_graphed_module_gpu.py runs it on CUDA)."""
 
     def loop():
         batch = torch.ones(3)  # noqa: F841 - a local of the caller's frame

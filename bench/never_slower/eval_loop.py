@@ -2,12 +2,13 @@
 rewritten whole (an inference step, CapturedStep under no_grad)."""
 
 import argparse
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
+
+from loop_timer import LoopTimer
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=400)
@@ -16,7 +17,6 @@ args = parser.parse_args()
 
 torch.manual_seed(0)
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 images = torch.randn(2048, 3, 32, 32)
 labels = torch.randint(0, 10, (2048,))
 loader = DataLoader(TensorDataset(images, labels), batch_size=128, drop_last=True)
@@ -33,11 +33,9 @@ model = nn.Sequential(
 ).to(device)
 model.eval()
 
-marks = []
 done = 0
 total_loss, correct, seen = 0.0, 0, 0
-sync()
-started = time.perf_counter()
+timer = LoopTimer(args.steps)
 with torch.no_grad():
     while done < args.steps:
         for x, y in loader:
@@ -48,11 +46,9 @@ with torch.no_grad():
             seen += y.numel()
             done += 1
             if done == args.steps // 2:
-                sync()
-                marks.append(time.perf_counter())
+                timer.halfway()
             if done == args.steps:
                 break
-sync()
-ended = time.perf_counter()
+timer.stop()
 print(f"loss {total_loss / seen:.6f} accuracy {correct / seen:.4f}")
-print(f"loop s {ended - started:.4f} steady ms/step {(ended - marks[0]) * 1e3 / (args.steps - args.steps // 2):.4f}")
+timer.report()

@@ -2,12 +2,13 @@
 refused, and only the model's forward and backward are graphed (GraphedModule) beside eager code."""
 
 import argparse
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
+
+from loop_timer import LoopTimer
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=400)
@@ -16,18 +17,15 @@ args = parser.parse_args()
 
 torch.manual_seed(0)
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 features = torch.randn(4096, 32)
 labels = (features[:, :4].sum(1) > 0).long()
 loader = DataLoader(TensorDataset(features, labels), batch_size=64, shuffle=True, drop_last=True)
 model = nn.Sequential(nn.Linear(32, args.width), nn.ReLU(), nn.Linear(args.width, 2)).to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-marks = []
 done = 0
 skipped = 0
-sync()
-started = time.perf_counter()
+timer = LoopTimer(args.steps)
 while done < args.steps:
     for x, y in loader:
         x, y = x.to(device), y.to(device)
@@ -42,11 +40,9 @@ while done < args.steps:
         optimizer.step()
         done += 1
         if done == args.steps // 2:
-            sync()
-            marks.append(time.perf_counter())
+            timer.halfway()
         if done == args.steps:
             break
-sync()
-ended = time.perf_counter()
+timer.stop()
 print(f"loss {loss.item():.6f} skipped {skipped}")
-print(f"loop s {ended - started:.4f} steady ms/step {(ended - marks[0]) * 1e3 / (args.steps - args.steps // 2):.4f}")
+timer.report()

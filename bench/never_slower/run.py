@@ -10,7 +10,7 @@ Each form is a small user-style script in this folder, rewritten by graphify as 
 One process per form runs its versions in turns (eager, rewrite, rewrite with GRAPHIFY_CAPTURE=always, and
 again), `--repeats` times, each run a fresh execution of the script (runpy: new objects, new step functions,
 new graphs; the CUDA context and the imports are shared, so start-up is paid once). Each prints its whole loop's time (warmup, capture and the runtime's trial
-included) and the time per step over the second half. The ratio is eager's time over the rewrite's (median
+included) and the time per step over the second half, timed by loop_timer.py in this folder. The ratio is eager's time over the rewrite's (median
 of the repeats; above 1 is faster); the forced rewrite keeps its graphs whatever the runtime measures, and
 shows what capture alone does. The runtime's decisions (its "runs eagerly" warnings) are printed beside.
 A rewrite whose whole loop is slower than eager beyond eager's own spread between repeats fails the run.
@@ -91,7 +91,8 @@ def worker(form: str, folder: Path, steps: int, repeats: int) -> None:
 
 
 def run_form(form: str, folder: Path, steps: int, repeats: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    # the scripts import loop_timer from this folder, wherever their rewritten copies are written
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]))
     env.pop("GRAPHIFY_CAPTURE", None)
     command = [sys.executable, __file__, "--worker", form, "--folder", str(folder), "--steps", str(steps), "--repeats", str(repeats)]
     run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)

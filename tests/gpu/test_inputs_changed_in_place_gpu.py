@@ -5,14 +5,11 @@ step copies such inputs back after each replay; a graphed model stays eager."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
+from harness import assert_all_close, batches, eager, fallbacks, mse_step, snapshot
 
-from graphify.runtime import CapturedStep, GraphedModule, GraphifyFallbackWarning
-
-pytestmark = pytest.mark.cuda
+from graphify.runtime import CapturedStep, GraphedModule
 
 
 class _Centering(torch.nn.Module):
@@ -25,31 +22,20 @@ class _Centering(torch.nn.Module):
         return self.net(x)
 
 
-def _train(wrap_step=None, wrap_model=None, steps=30):
+def _train(wrap_step=eager, wrap_model=eager, steps=30):
     """(parameters, what the loop read from each batch after its step, fallback messages, the wrapper)."""
     torch.manual_seed(0)
     model = _Centering().cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    call = wrap_model(model) if wrap_model else model
-
-    def train_step(x, y):
-        loss = torch.nn.functional.mse_loss(call(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    step = wrap_step(train_step) if wrap_step else train_step
-    g = torch.Generator().manual_seed(1)
+    call = wrap_model(model)
+    step = wrap_step(mse_step(call, optimizer))
     read = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(steps):
-            x, y = (torch.randn(32, 16, generator=g) + 3).cuda(), torch.randn(32, 1, generator=g).cuda()
+    with fallbacks() as messages:
+        for x, y in batches(steps):
+            x = x + 3  # off centre
             step(x, y)
             read.append(x.abs().sum().item())  # after the step: the centred batch
-    torch.cuda.synchronize()
-    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
-    return [p.detach().clone() for p in model.parameters()], read, messages, step if wrap_step else call
+    return snapshot(model.parameters()), read, messages, step if wrap_step is not eager else call
 
 
 def test_a_captured_step_hands_back_the_inputs_it_changed_in_place(always_capture):
@@ -58,8 +44,7 @@ def test_a_captured_step_hands_back_the_inputs_it_changed_in_place(always_captur
     (captured,) = step.state.graphs.values()
     assert messages == [] and captured.changed == (0,), messages  # the batch, not the targets
     assert read == pytest.approx(expected_read, rel=1e-5)
-    for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_all_close(got, expected)
 
 
 def test_a_graphed_model_that_changes_its_input_in_place_stays_eager(always_capture):
@@ -68,5 +53,4 @@ def test_a_graphed_model_that_changes_its_input_in_place_stays_eager(always_capt
     assert len(messages) == 1 and "changes an input in place" in messages[0], messages
     assert call.state["graphed"] is None and call.state["disabled"] is not None
     assert read == pytest.approx(expected_read, rel=1e-5)
-    for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_all_close(got, expected)

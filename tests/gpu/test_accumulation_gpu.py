@@ -6,14 +6,11 @@ or not (bf16), the replays must add up the gradients exactly as eager backward p
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
+from harness import assert_all_close, eager, fallbacks, snapshot
 
-from graphify.runtime import CapturedStep, GraphifyFallbackWarning
-
-pytestmark = pytest.mark.cuda
+from graphify.runtime import CapturedStep
 
 
 def _train(wrap, k: int, set_to_none: bool, dtype, steps: int = 24, short_at: int | None = None):
@@ -31,8 +28,7 @@ def _train(wrap, k: int, set_to_none: bool, dtype, steps: int = 24, short_at: in
 
     step = wrap(train_step)
     g = torch.Generator().manual_seed(1)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with fallbacks() as messages:
         for i in range(1, steps + 1):
             n = 9 if i == short_at else 32
             step(torch.randn(n, 16, generator=g).cuda(), torch.randn(n, 4, generator=g).cuda())
@@ -42,9 +38,7 @@ def _train(wrap, k: int, set_to_none: bool, dtype, steps: int = 24, short_at: in
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad(set_to_none=set_to_none)
-    torch.cuda.synchronize()
-    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
-    return [p.detach().clone() for p in model.parameters()], step, messages
+    return snapshot(model.parameters()), step, messages
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16-scaler-off", "fp16-scaler-on"])
@@ -53,18 +47,16 @@ def _train(wrap, k: int, set_to_none: bool, dtype, steps: int = 24, short_at: in
 def test_replays_accumulate_gradients_as_eager_backward_passes(always_capture, k, set_to_none, dtype):
     """The warmup runs 4 eager calls and the 5th captures: with k=4 (and k=1) the capture follows a
     `zero_grad`, with k=3 it lands mid-cycle, with k=5 on the optimizer's micro-batch."""
-    expected = _train(lambda f: f, k, set_to_none, dtype)[0]
+    expected = _train(eager, k, set_to_none, dtype)[0]
     got, step, messages = _train(CapturedStep, k, set_to_none, dtype)
     assert messages == [] and step.state.graphs and step.state.recaptures <= 1, (messages, step.state.recaptures)
-    for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_all_close(got, expected)
 
 
 def test_a_short_micro_batch_between_replays_adds_into_the_graphs_gradients(always_capture):
     """A short micro-batch runs eagerly; its backward makes new gradients after a `zero_grad`, and the next
     replay takes them in before adding its own."""
-    expected = _train(lambda f: f, 4, True, torch.float16, short_at=13)[0]
+    expected = _train(eager, 4, True, torch.float16, short_at=13)[0]
     got, step, messages = _train(CapturedStep, 4, True, torch.float16, short_at=13)
     assert messages == [] and step.state.graphs
-    for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_all_close(got, expected)

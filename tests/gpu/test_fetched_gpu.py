@@ -5,14 +5,11 @@ eager with one warning."""
 
 from __future__ import annotations
 
-import warnings
-
-import pytest
 import torch
+from harness import assert_all_close, fallbacks, snapshot
 
-from graphify.runtime import CapturedStep, GraphifyFallbackWarning
+from graphify.runtime import CapturedStep
 
-pytestmark = pytest.mark.cuda
 MICRO_STEPS = 3
 
 
@@ -46,8 +43,7 @@ def _train(loader, graphed: bool, updates: int = 12):
         return loss
 
     step = CapturedStep(train_step) if graphed else train_step
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with fallbacks() as messages:
         for _ in range(updates):
             if graphed:
                 step(step.fetch(lambda: next(loader), MICRO_STEPS))
@@ -58,25 +54,21 @@ def _train(loader, graphed: bool, updates: int = 12):
                     loss.backward()
                 opt.step()
             opt.zero_grad()
-    torch.cuda.synchronize()
-    fallbacks = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
     graphs = len(step.state.graphs) if graphed else 0
-    return [p.detach().clone() for p in model.parameters()], torch.cuda.get_rng_state(), fallbacks, graphs
+    return snapshot(model.parameters()), torch.cuda.get_rng_state(), messages, graphs
 
 
 def test_micro_step_batches_from_the_host_are_fetched_ahead_and_train_the_same():
     eager, eager_rng, _, _ = _train(_host_batches(), graphed=False)
-    graphed, graphed_rng, fallbacks, graphs = _train(_host_batches(), graphed=True)
-    assert fallbacks == [] and graphs == 1
+    graphed, graphed_rng, messages, graphs = _train(_host_batches(), graphed=True)
+    assert messages == [] and graphs == 1
     assert torch.equal(eager_rng, graphed_rng)  # dropout drew the same numbers in the same order
-    for a, b in zip(eager, graphed):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_all_close(graphed, eager)
 
 
 def test_a_fetch_that_draws_on_the_gpu_keeps_the_step_eager_and_in_order():
     eager, eager_rng, _, _ = _train(_device_batches(), graphed=False)
-    graphed, graphed_rng, fallbacks, graphs = _train(_device_batches(), graphed=True)
-    assert graphs == 0 and len(fallbacks) == 1 and "CUDA generator" in fallbacks[0]
+    graphed, graphed_rng, messages, graphs = _train(_device_batches(), graphed=True)
+    assert graphs == 0 and len(messages) == 1 and "CUDA generator" in messages[0]
     assert torch.equal(eager_rng, graphed_rng)  # fetched in pass order: the same draws for batches and dropout
-    for a, b in zip(eager, graphed):  # AdamW runs with capturable=True, set on the first call
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_all_close(graphed, eager)  # AdamW runs with capturable=True, set on the first call

@@ -19,8 +19,6 @@ import pytest
 from graphify.rewrite import rewrite_source
 from graphify.verify import verify_file
 
-pytestmark = pytest.mark.cuda
-
 
 SCRIPT = textwrap.dedent("""\
     import torch

@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
-import torch
+from harness import REPO, STEPS, train_workload  # first: it puts the repository on sys.path
 
+from bench.workloads import SMALL_WORKLOADS, load_workload
 from graphify.rewrite import rewrite_source
 from graphify.runtime.common import WARMUP
-
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench.workloads import SMALL_WORKLOADS, load_workload  # noqa: E402
-
-pytestmark = pytest.mark.cuda
-STEPS = 30
 
 
 def _rewritten(name, tmp_path):
@@ -34,43 +24,21 @@ def _rewritten(name, tmp_path):
     return module
 
 
-def _train(module, fn="train", capturable=False, **kwargs):
-    # cuDNN's default backward kernels are not reproducible run to run; deterministic ones are
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    w = module.build("cuda")
-    if capturable:  # the optimizer arithmetic a capture uses, run eagerly
-        for group in w["optimizer"].param_groups:
-            if group.get("capturable") is False:
-                group["capturable"] = True
-    getattr(module, fn)(w["model"], w["optimizer"], w["scheduler"], w["loss_fn"], w["batches"], STEPS, **kwargs)
-    torch.cuda.synchronize()
-    return {k: v.detach().clone() for k, v in w["model"].state_dict().items() if v.is_floating_point()}
-
-
 def _max_rel(a, b):
     return max(((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)).item() for k in b)
 
 
 @pytest.mark.parametrize("name", SMALL_WORKLOADS)
-def test_rewrite_matches_hand_capture_and_eager(name, tmp_path, always_capture):  # every step after warmup replays: no trial turns
+def test_rewrite_matches_hand_capture_and_eager(name, tmp_path, always_capture, deterministic_cudnn, replays):
+    # always_capture: every step after warmup replays, no trial turns
     module = load_workload(name)
-    eager = _train(module)
-    eager_again = _train(module)
-    eager_capturable = _train(module, capturable=True)
-    hand = _train(module, "train_hand", warmup=WARMUP + 1)  # as many eager steps as graphify's warmup
+    eager = train_workload(module)[0]
+    eager_again = train_workload(module)[0]
+    eager_capturable = train_workload(module, capturable=True)[0]
+    hand = train_workload(module, "train_hand", warmup=WARMUP + 1)[0]  # as many eager steps as graphify's warmup
     rewritten_module = _rewritten(name, tmp_path)
-    replays = []
-    original_replay = torch.cuda.CUDAGraph.replay
-
-    def counting_replay(self):
-        replays.append(1)
-        return original_replay(self)
-
-    torch.cuda.CUDAGraph.replay = counting_replay
-    try:
-        graphed = _train(rewritten_module)
-    finally:
-        torch.cuda.CUDAGraph.replay = original_replay
+    replays.clear()  # the hand capture's: only the rewrite's replays count below
+    graphed = train_workload(rewritten_module)[0]
     report = {
         "eager vs eager": _max_rel(eager_again, eager),
         "graphify vs hand capture": _max_rel(graphed, hand),

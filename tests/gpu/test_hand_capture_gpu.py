@@ -13,50 +13,19 @@ Two things are pinned so that the comparison tests the capture and nothing else:
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from harness import STEPS, train_workload  # first: it puts the repository on sys.path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench.workloads import SMALL_WORKLOADS, load_workload  # noqa: E402
-
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-STEPS = 30
-
-
-@pytest.fixture
-def deterministic_cudnn():
-    saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    yield
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
-
-
-def _trained_state(module, fn_name, capturable_reference=False):
-    w = module.build("cuda")
-    if capturable_reference:
-        for group in w["optimizer"].param_groups:
-            if "capturable" in group:
-                group["capturable"] = True
-    getattr(module, fn_name)(w["model"], w["optimizer"], w["scheduler"], w["loss_fn"], w["batches"], STEPS)
-    torch.cuda.synchronize()
-    state = {k: v.detach().clone() for k, v in w["model"].state_dict().items() if v.is_floating_point()}
-    lrs = [float(g["lr"]) for g in w["optimizer"].param_groups]
-    return state, lrs
+from bench.workloads import SMALL_WORKLOADS, load_workload
 
 
 @pytest.mark.parametrize("name", SMALL_WORKLOADS)
 @pytest.mark.filterwarnings("ignore:.*capturable=True.*")
 def test_train_hand_matches_train(name, deterministic_cudnn):
     module = load_workload(name)
-    eager, eager_lrs = _trained_state(module, "train", capturable_reference=True)
-    graphed, graphed_lrs = _trained_state(module, "train_hand")
+    eager, eager_lrs = train_workload(module, "train", capturable=True)
+    graphed, graphed_lrs = train_workload(module, "train_hand")
     assert eager.keys() == graphed.keys()
     initial = module.build("cuda")["model"].state_dict()
     for key, ref in eager.items():

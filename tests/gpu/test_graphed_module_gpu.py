@@ -4,16 +4,12 @@ bit as plain eager (the timed passes leave no trace); GRAPHIFY_CAPTURE=always ke
 
 from __future__ import annotations
 
-import math
-import warnings
-
 import pytest
 import torch
+from harness import assert_all_close, fallbacks, no_fallback, snapshot
 
-from graphify.runtime import GraphedModule, GraphifyFallbackWarning
+from graphify.runtime import GraphedModule
 from graphify.runtime import graphed_module as graphed_module_runtime
-
-pytestmark = pytest.mark.cuda
 
 
 def _tiny():
@@ -36,8 +32,7 @@ def _train(make_model, graphed: bool, steps=10, width=8, batch=16):
     batches = [(torch.randn(batch, width, generator=g).cuda(), torch.randn(batch, 4, generator=g).cuda()) for _ in range(steps)]
     call = GraphedModule(model) if graphed else model
     losses = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with fallbacks() as messages:
         for x, y in batches:
             opt.zero_grad()
             out = call(x)
@@ -45,9 +40,7 @@ def _train(make_model, graphed: bool, steps=10, width=8, batch=16):
             loss.backward()
             opt.step()
             losses.append(loss.detach())
-    torch.cuda.synchronize()
-    state = [t.detach().clone() for t in [*model.parameters(), *model.buffers()]]
-    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+    state = snapshot([*model.parameters(), *model.buffers()])
     return losses, state, torch.cuda.get_rng_state(), call if graphed else None, messages
 
 
@@ -57,20 +50,12 @@ def _assert_bit_identical(got, expected):
     assert torch.equal(got[2], expected[2])  # the CUDA RNG: the timed passes' draws were undone
 
 
-def _counting_captures(monkeypatch):
-    captures = []
-    end = torch.cuda.CUDAGraph.capture_end
-    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_end", lambda self, *a, **k: (captures.append(1), end(self, *a, **k))[1])
-    return captures
-
-
-def test_dropped_graphs_leave_no_trace_in_batch_norm_or_the_rng(monkeypatch):
+def test_dropped_graphs_leave_no_trace_in_batch_norm_or_the_rng(monkeypatch, timings_say, captures):
     """Graphs timed and dropped (a gain no replay can reach): the capture's and the timed passes'
     batch-norm updates and dropout draws are undone, and training matches plain eager bit for bit."""
-    monkeypatch.setattr(graphed_module_runtime, "MIN_REPLAY_GAIN", math.inf)
+    timings_say(passes_pay=False)
     # other tests share the GPU (pytest -n): its time may make this small forward look GPU-bound, uncaptured
     monkeypatch.setattr(graphed_module_runtime, "gpu_bound", lambda *args: None)
-    captures = _counting_captures(monkeypatch)
     expected = _train(_normalised, graphed=False)
     got = _train(_normalised, graphed=True)
     assert captures == [1, 1]  # the forward and backward graphs were captured, then dropped
@@ -80,12 +65,12 @@ def test_dropped_graphs_leave_no_trace_in_batch_norm_or_the_rng(monkeypatch):
     _assert_bit_identical(got, expected)
 
 
-def test_dropped_graphs_leave_no_cuda_tensor_to_the_garbage_collector(monkeypatch):
+def test_dropped_graphs_leave_no_cuda_tensor_to_the_garbage_collector(timings_say):
     """Dropped graphs hold their static tensors in reference cycles. Left to a later collection, a
     DataLoader worker forked before it could free them, and a fork cannot touch CUDA: it aborts."""
     import gc
 
-    monkeypatch.setattr(graphed_module_runtime, "MIN_REPLAY_GAIN", math.inf)
+    timings_say(passes_pay=False)
     gc.collect()
     gc.disable()
     try:
@@ -101,31 +86,25 @@ def test_dropped_graphs_leave_no_cuda_tensor_to_the_garbage_collector(monkeypatc
     assert not left, f"{len(left)} CUDA tensors were waiting for the garbage collector"
 
 
-def test_a_gpu_bound_forward_is_never_captured(monkeypatch):
+def test_a_gpu_bound_forward_is_never_captured(captures):
     """Big matmuls keep the GPU busy far longer than their launch: the last warmup call tells, no capture."""
-    captures = _counting_captures(monkeypatch)
     expected = _train(lambda: torch.nn.Linear(4096, 4096), graphed=False, steps=5, width=4096, batch=4096)
     got = _train(lambda: torch.nn.Linear(4096, 4096), graphed=True, steps=5, width=4096, batch=4096)
     graphed, messages = got[3], got[4]
     assert captures == [] and graphed.state["graphed"] is None
     assert len(messages) == 1 and "no gain expected: GPU-bound (its forward pass keeps the GPU busy " in messages[0], messages
-    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert_all_close(got[0] + got[1], expected[0] + expected[1], rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("make_model", [_tiny, _normalised], ids=["tiny", "batch-norm-dropout"])
-def test_graphify_capture_always_keeps_the_graphs(always_capture, monkeypatch, make_model):
+def test_graphify_capture_always_keeps_the_graphs(always_capture, monkeypatch, replays, make_model):
     monkeypatch.setattr(graphed_module_runtime, "TIMED_PASSES", None)  # never consulted: no timing runs
-    replays = []
-    replay = torch.cuda.CUDAGraph.replay
-    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: (replays.append(1), replay(self))[1])
     expected = _train(make_model, graphed=False)
     got = _train(make_model, graphed=True)
     graphed, messages = got[3], got[4]
     assert messages == [] and graphed.state["graphed"] is not None and graphed.state["disabled"] is None
     assert len(replays) == 2 * (10 - 4)  # a forward and a backward graph for every call after the warmup (3 + 1 recorded)
-    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_all_close(got[0] + got[1], expected[0] + expected[1])
 
 
 class _Task(torch.nn.Module):
@@ -160,8 +139,7 @@ def _train_chain(graphed: bool, steps=12):
         loss.backward()
         opt.step()
         losses.append(loss.detach())
-    torch.cuda.synchronize()
-    return losses, [p.detach().clone() for m in modules for p in m.parameters()], calls
+    return losses, snapshot(p for m in modules for p in m.parameters()), calls
 
 
 def test_chained_modules_a_dict_output_and_a_frozen_module(always_capture):
@@ -169,14 +147,12 @@ def test_chained_modules_a_dict_output_and_a_frozen_module(always_capture):
     the three modules reading its output; a module returning a dict replays; a module with nothing to
     differentiate is never captured, and says nothing."""
     expected = _train_chain(graphed=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", GraphifyFallbackWarning)
+    with no_fallback():
         got = _train_chain(graphed=True)
     encoder, head, decoder, task, frozen = got[2]
     assert all(m.state["graphed"] is not None for m in (encoder, head, decoder, task))
     assert frozen.state["graphed"] is None and frozen.state["disabled"] is None and not frozen.state["warmup_runs"]
-    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_all_close(got[0] + got[1], expected[0] + expected[1])
 
 
 class _Tied(torch.nn.Module):
@@ -211,8 +187,7 @@ def _train_acting(graphed: bool, steps=12):
         loss.backward()
         opt.step()
         losses.append(loss.detach())
-    torch.cuda.synchronize()
-    return losses, [p.detach().clone() for p in model.parameters()], call
+    return losses, snapshot(model.parameters()), call
 
 
 def test_a_model_graph_kept_alive_by_eager_code_does_not_stop_the_capture(always_capture):
@@ -220,12 +195,10 @@ def test_a_model_graph_kept_alive_by_eager_code_does_not_stop_the_capture(always
     backward captured on them would wait on that stream and fail. Captured on aliases of the parameters,
     the graphs replay, and tied and frozen weights train as eagerly."""
     expected = _train_acting(graphed=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", GraphifyFallbackWarning)
+    with no_fallback():
         got = _train_acting(graphed=True)
     assert got[2].state["graphed"] is not None and got[2].state["disabled"] is None
-    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_all_close(got[0] + got[1], expected[0] + expected[1])
 
 
 def _train_lengths(lengths, graphed: bool):
@@ -236,8 +209,7 @@ def _train_lengths(lengths, graphed: bool):
     call = GraphedModule(model) if graphed else model
     g = torch.Generator().manual_seed(1)
     losses = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with fallbacks() as messages:
         for length in lengths:
             output, _ = call(torch.randn(16, length, 4, generator=g).cuda())
             loss = output.square().mean()
@@ -245,22 +217,18 @@ def _train_lengths(lengths, graphed: bool):
             loss.backward()
             opt.step()
             losses.append(loss.detach())
-    torch.cuda.synchronize()
-    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
-    return losses, [p.detach().clone() for p in model.parameters()], call, messages
+    return losses, snapshot(model.parameters()), call, messages
 
 
-def test_inputs_padded_per_batch_leave_the_model_eager_without_a_capture(always_capture, monkeypatch):
+def test_inputs_padded_per_batch_leave_the_model_eager_without_a_capture(always_capture, captures):
     """Every batch its own length: no shape is warmed up before MAX_SIGNATURES of them, so nothing is
     captured, one warning says why, and training is plain eager."""
-    captures = _counting_captures(monkeypatch)
     lengths = [5, 9, 5, 7, 12, 9, 6, 5, 11, 8, 13, 10, 7]  # length 5 comes 3 times only
     expected = _train_lengths(lengths, graphed=False)
     got = _train_lengths(lengths, graphed=True)
     assert captures == [] and got[2].state["graphed"] is None
     assert len(got[3]) == 1 and "inputs came in more than 8 shapes" in got[3][0], got[3]
-    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_all_close(got[0] + got[1], expected[0] + expected[1])
 
 
 def test_the_graph_is_recorded_for_the_shape_that_recurs(always_capture):
@@ -272,5 +240,4 @@ def test_the_graph_is_recorded_for_the_shape_that_recurs(always_capture):
     graphed = got[2].state["graphed"]
     assert got[3] == [] and graphed is not None
     assert got[2].state["signature"][0][0][0] == torch.Size([16, 6, 4])
-    for a, b in zip(got[0] + got[1], expected[0] + expected[1], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_all_close(got[0] + got[1], expected[0] + expected[1])

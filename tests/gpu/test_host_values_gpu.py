@@ -5,23 +5,10 @@ with one warning, from warmup; steps whose values hold still
 
 from __future__ import annotations
 
-import warnings
-
-import pytest
 import torch
+from harness import Schedule, assert_all_close, batches, eager, fallbacks, small_model, snapshot, train
 
-from graphify.runtime import CapturedStep, GraphedModule, GraphifyFallbackWarning
-
-pytestmark = pytest.mark.cuda
-
-
-class _Schedule:
-    def __init__(self):
-        self.t = 0
-
-    @property
-    def weight(self):
-        return 1.0 + self.t / 50
+from graphify.runtime import CapturedStep, GraphedModule
 
 
 def _train(wrap, moves_at=None, steps=40):
@@ -31,7 +18,7 @@ def _train(wrap, moves_at=None, steps=40):
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Dropout(0.1), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=steps, cycle_momentum=False)
-    schedule = _Schedule()
+    schedule = Schedule()
 
     def train_step(x, y):
         loss = torch.nn.functional.mse_loss(model(x), y) * schedule.weight
@@ -41,30 +28,21 @@ def _train(wrap, moves_at=None, steps=40):
         return loss
 
     step = wrap(train_step)
-    g = torch.Generator().manual_seed(1)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for i in range(steps):
+    with fallbacks() as messages:
+        for i, (x, y) in enumerate(batches(steps)):
             if moves_at is None or i in moves_at:
                 schedule.t = i
-            step(torch.randn(32, 16, generator=g).cuda(), torch.randn(32, 1, generator=g).cuda())
+            step(x, y)
             scheduler.step()
-    torch.cuda.synchronize()
-    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
-    return [p.detach().clone() for p in model.parameters()], step, messages
-
-
-def _assert_close(got, expected):
-    for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    return snapshot(model.parameters()), step, messages
 
 
 def test_a_value_moving_every_step_keeps_the_step_eager_from_warmup(always_capture):
-    expected = _train(lambda f: f)[0]
+    expected = _train(eager)[0]
     got, step, messages = _train(CapturedStep)
     assert len(messages) == 1 and "a host value the step hands to the GPU changed between steps" in messages[0], messages
     assert not step.state.graphs
-    _assert_close(got, expected)
+    assert_all_close(got, expected)
 
 
 def test_values_that_hold_still_are_captured_without_a_word(always_capture):
@@ -92,17 +70,14 @@ def _train_tempered(graphed: bool, steps=30):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     call = GraphedModule(model) if graphed else model
     g = torch.Generator().manual_seed(1)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with fallbacks() as messages:
         for i in range(steps):
             _STATE["temperature"] = 1.0 + i / 10
             loss = call(torch.randn(32, 16, generator=g).cuda()).logsumexp(-1).mean()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    torch.cuda.synchronize()
-    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
-    return [p.detach().clone() for p in model.parameters()], call, messages
+    return snapshot(model.parameters()), call, messages
 
 
 def test_a_forward_reading_a_value_the_loop_moves_stays_eager(always_capture):
@@ -110,7 +85,7 @@ def test_a_forward_reading_a_value_the_loop_moves_stays_eager(always_capture):
     got, call, messages = _train_tempered(graphed=True)
     assert len(messages) == 1 and "the forward hands to the GPU changed between steps" in messages[0], messages
     assert call.state["graphed"] is None
-    _assert_close(got, expected)
+    assert_all_close(got, expected)
 
 
 def test_the_check_can_be_turned_off(always_capture, monkeypatch):
@@ -121,32 +96,22 @@ def test_the_check_can_be_turned_off(always_capture, monkeypatch):
 
 
 def _train_eps(wrap, steps=30):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
+    model = small_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, capturable=True)
 
-    def train_step(x, y):
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    step = wrap(train_step)
-    g = torch.Generator().manual_seed(1)
-    for i in range(steps):
+    def move_eps(i):
         if i in (10, 20):
             optimizer.param_groups[0].update(eps=1e-2 * i)  # a callback's move: the graph froze eps
-        step(torch.randn(32, 16, generator=g).cuda(), torch.randn(32, 1, generator=g).cuda())
-    torch.cuda.synchronize()
-    return [p.detach().clone() for p in model.parameters()], step
+
+    return train(wrap, model, optimizer, batches(steps), before=move_eps)
 
 
 def test_any_optimizer_setting_a_graph_froze_is_followed(always_capture):
     """eps moved twice by `group.update`: each move drops the graphs and captures again, as for betas."""
-    expected = _train_eps(lambda f: f)[0]
-    got, step = _train_eps(CapturedStep)
-    assert step.state.recaptures == 2 and step.state.graphs
-    _assert_close(got, expected)
+    expected = _train_eps(eager).params
+    got = _train_eps(CapturedStep)
+    assert got.step.state.recaptures == 2 and got.step.state.graphs, got.messages
+    assert_all_close(got.params, expected)
 
 
 def test_attention_dropout_is_captured_without_a_word(always_capture):
@@ -169,32 +134,27 @@ def test_attention_dropout_is_captured_without_a_word(always_capture):
 
         step = wrap(train_step)
         g = torch.Generator().manual_seed(1)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with fallbacks() as messages:
             for _ in range(12):
                 step(torch.randn(8, 16, 32, generator=g).cuda())
-        torch.cuda.synchronize()
-        messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
-        return [p.detach().clone() for p in proj.parameters()], step, messages
+        return snapshot(proj.parameters()), step, messages
 
-    expected = run(lambda f: f)[0]
+    expected = run(eager)[0]
     got, step, messages = run(CapturedStep)
     assert messages == [] and step.state.graphs, messages
     # efficient attention's backward adds up with atomics: two eager runs part at about 1e-4 here
-    for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=5e-4)
+    assert_all_close(got, expected, rtol=1e-3, atol=5e-4)
 
 
 def _train_epochs(wrap, epochs=4, steps=140, moving=True):
     """A loss weight read through a property that moves once per epoch, in a train() entered each epoch:
     the warmup sees it hold still; only the epochs tell."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
+    model = small_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    schedule = _Schedule()
-    g = torch.Generator().manual_seed(1)
+    schedule = Schedule()
+    data = batches(epochs * steps)
 
-    def train(epoch):
+    def train_epoch(epoch):
         schedule.t = 10 * epoch if moving else 0
 
         def train_step(x, y):
@@ -205,22 +165,19 @@ def _train_epochs(wrap, epochs=4, steps=140, moving=True):
 
         step = wrap(train_step)
         for _ in range(steps):
-            step(torch.randn(32, 16, generator=g).cuda(), torch.randn(32, 1, generator=g).cuda())
+            step(*next(data))
         return step
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        steps_run = [train(epoch) for epoch in range(epochs)]
-    torch.cuda.synchronize()
-    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
-    return [p.detach().clone() for p in model.parameters()], steps_run[-1], messages
+    with fallbacks() as messages:
+        steps_run = [train_epoch(epoch) for epoch in range(epochs)]
+    return snapshot(model.parameters()), steps_run[-1], messages
 
 
 def test_a_value_moving_between_epochs_is_captured_again_when_the_loop_is_entered_again(always_capture, monkeypatch):
-    expected = _train_epochs(lambda f: f)[0]
+    expected = _train_epochs(eager)[0]
     got, step, messages = _train_epochs(CapturedStep)
     assert messages == [] and step.state.graphs and step.state.recaptures == 3, (messages, step.state.recaptures)
-    _assert_close(got, expected)
+    assert_all_close(got, expected)
     monkeypatch.setenv("GRAPHIFY_HOST_CHECK", "off")  # without the check the first epoch's weight is replayed
     frozen = _train_epochs(CapturedStep)[0]
     assert any(not torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(frozen, expected))
@@ -229,10 +186,9 @@ def test_a_value_moving_between_epochs_is_captured_again_when_the_loop_is_entere
 def test_a_value_that_starts_moving_mid_loop_is_found_at_the_next_check_with_a_warning(always_capture):
     """One long loop, never entered again: a value set once at step 60, after the capture, is found at the
     128th replay; the step captures again with it and says that the replays before may have used the old one."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
+    model = small_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    schedule = _Schedule()
+    schedule = Schedule()
 
     def train_step(x, y):
         loss = torch.nn.functional.mse_loss(model(x), y) * schedule.weight
@@ -242,12 +198,10 @@ def test_a_value_that_starts_moving_mid_loop_is_found_at_the_next_check_with_a_w
 
     step = CapturedStep(train_step)
     x, y = torch.randn(32, 16, device="cuda"), torch.randn(32, 1, device="cuda")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with fallbacks() as messages:
         for i in range(200):
             schedule.t = 0 if i < 60 else 5
             step(x, y)
-    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
     assert len(messages) == 1 and "captured again" in messages[0] and "moved after the capture" in messages[0], messages
     assert "up to 127 replays" in messages[0] and step.state.recaptures == 1 and step.state.graphs
 
@@ -269,8 +223,7 @@ def test_a_graphed_model_reading_a_value_that_starts_moving_after_the_capture_go
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     call = GraphedModule(model)
     x = torch.randn(32, 16, device="cuda")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with fallbacks() as messages:
         for i in range(160):
             _STATE["temperature"] = 1.0 if i < 40 else 2.0
             loss = call(x).logsumexp(-1).mean()
@@ -278,6 +231,5 @@ def test_a_graphed_model_reading_a_value_that_starts_moving_after_the_capture_go
             loss.backward()
             optimizer.step()
     _STATE["temperature"] = 1.0
-    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
     assert len(messages) == 1 and "moved after the capture" in messages[0] and "replays before this call" in messages[0], messages
     assert call.state["disabled"] is not None
