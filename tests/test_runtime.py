@@ -196,24 +196,35 @@ def test_a_setting_moved_once_an_epoch_is_followed_for_any_number_of_epochs():
 
 
 class _Timed:
-    """A Timing whose measurement is given: (GPU ms, host ms)."""
+    """A Timing whose measurement is given, (GPU ms, host ms), and read at once."""
 
     def __init__(self, gpu_ms, host_ms):
         self.measured = (gpu_ms, host_ms)
+
+    def done(self):
+        return True
 
     def milliseconds(self):
         return self.measured
 
 
+def _load(*samples, recorded=0):
+    """A WarmupLoad of timed warmup calls, (GPU ms, host ms) each, the first `recorded` of them recorded."""
+    from graphify.runtime.common import WarmupLoad
+
+    load = WarmupLoad()
+    for i, sample in enumerate(samples):
+        load.add(_Timed(*sample), recorded=i < recorded)
+    return load
+
+
 def test_work_is_gpu_bound_when_the_host_takes_under_half_the_gpu_time():
     from graphify.runtime.common import gpu_bound
 
-    assert gpu_bound(12.0, 2.0, "a step") == (
-        "no gain expected: GPU-bound (a step keeps the GPU busy 12.0 ms for 2.0 ms of host time; "
-        "GRAPHIFY_CAPTURE=always captures it anyway)"
+    assert gpu_bound(12.0, 2.0, "a step", 3) == (
+        "no gain expected: GPU-bound (a step keeps the GPU busy 12.0 ms for 2.0 ms of host time, "
+        "medians of 3 warmup calls each under 50%; GRAPHIFY_CAPTURE=always captures it anyway)"
     )
-    assert gpu_bound(12.0, 6.0, "a step") is None  # at half, launches still set part of the pace
-    assert gpu_bound(0.2, 0.2, "a step") is None  # launch-bound: the GPU waits on each launch
 
 
 def test_graphs_are_kept_only_when_replays_are_clearly_faster():
@@ -228,30 +239,31 @@ def test_graphs_are_kept_only_when_replays_are_clearly_faster():
 
 
 def test_a_gpu_bound_step_stays_eager_with_one_warning(monkeypatch):
-    """The timed warmup step decides once; GRAPHIFY_CAPTURE=always captures whatever it measured."""
+    """The timed warmup calls decide once; GRAPHIFY_CAPTURE=always captures whatever they measured."""
     step = CapturedStep(lambda x: x + 1)
-    step.state.load = _Timed(12.0, 2.0)
+    step.state.load = _load((12.0, 2.0), (12.0, 2.0), (12.0, 2.0), recorded=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert step._gpu_bound() and not step._gpu_bound()  # decided once
+        assert step._load_verdict("a step") == "eager"
+        assert step.state.load is None and step._load_verdict("a step") == "capture"  # decided once: EAGER wins in _run
     assert [str(w.message) for w in caught] == [
         f"graphify: `test_a_gpu_bound_step_stays_eager_with_one_warning.<locals>.<lambda>` runs eagerly: {step.state.disabled}"
     ]
     assert step.state.disabled.startswith("no gain expected: GPU-bound (a step keeps the GPU busy 12.0 ms for 2.0 ms")
     forced = CapturedStep(lambda x: x + 2)
-    forced.state.load = _Timed(12.0, 2.0)
+    forced.state.load = _load((12.0, 2.0), (12.0, 2.0), (12.0, 2.0))
     monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
-    assert not forced._gpu_bound() and forced.state.disabled is None
+    assert forced._load_verdict("a step") == "capture" and forced.state.disabled is None
 
 
 def test_a_gpu_bound_forward_leaves_the_model_eager_without_capturing(monkeypatch):
     model = torch.nn.Linear(2, 2)
     graphed = GraphedModule(model)
-    graphed.state.load = _Timed(8.0, 0.5)
+    graphed.state.load = _load((8.0, 0.5), (8.0, 0.5), (8.0, 0.5))
     monkeypatch.setattr(GraphedModule, "_graph", lambda *_: pytest.fail("a GPU-bound forward must not be captured"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert not graphed._capture("signature", (torch.ones(1, 2),), {})
+        assert graphed._capture("signature", (torch.ones(1, 2),), {}) == "eager"
     assert [str(w.message) for w in caught] == [f"graphify: the model runs eagerly: {graphed.state['disabled']}"]
     assert graphed.state["disabled"].startswith("no gain expected: GPU-bound (its forward pass keeps the GPU busy 8.0 ms for 0.5 ms")
     assert graphed.state["graphed"] is None
@@ -261,12 +273,12 @@ def test_a_gpu_bound_forward_leaves_the_model_eager_without_capturing(monkeypatc
 
 def test_graphify_capture_always_graphs_a_gpu_bound_forward(monkeypatch):
     graphed = GraphedModule(torch.nn.Linear(2, 2))
-    graphed.state.load = _Timed(8.0, 0.5)
+    graphed.state.load = _load((8.0, 0.5), (8.0, 0.5), (8.0, 0.5))
     monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     monkeypatch.setattr(GraphedModule, "_graph", lambda *_: None)  # the capture itself needs CUDA
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert graphed._capture("signature", (torch.ones(1, 2),), {})
+        assert graphed._capture("signature", (torch.ones(1, 2),), {}) == "captured"
     assert graphed.state["disabled"] is None
 
 
@@ -342,7 +354,7 @@ def test_a_model_wrapped_across_processes_is_not_graphed_alone(monkeypatch):
     monkeypatch.setattr(GraphedModule, "_graph", lambda *_: pytest.fail("a wrapped model must not be captured"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert not graphed._capture("signature", (torch.ones(1, 2),), {})
+        assert graphed._capture("signature", (torch.ones(1, 2),), {}) == "eager"
     assert len(caught) == 1 and "its FullyShardedDataParallel wrapper reduces gradients from hooks" in str(caught[0].message)
 
 

@@ -26,7 +26,8 @@ from graphify.runtime.states import KeyState, Phase, registry, warmup_phase
 
 EAGER_MS, REPLAY_MS = 2.0, 1.0
 TRIAL_CALLS = TRIAL_BLOCK * TRIAL_BLOCKS
-WARMUP_LOG = ["eager", "record", "record", "timed", "capture+replay"]  # warmup 3, one call more recorded
+WARMUP_LOG = ["eager", "record", "record", "timed", "capture+replay"]  # warmup 3, one call more recorded (timed too)
+FORCED_LOG = ["eager", "record", "record", "eager", "capture+replay"]  # GRAPHIFY_CAPTURE=always: nothing timed
 
 
 class Clock:
@@ -42,10 +43,13 @@ class Clock:
 
 
 class Measured:
-    """A Timing whose measurement is given: (GPU ms, host ms)."""
+    """A Timing whose measurement is given, (GPU ms, host ms), and read at once."""
 
     def __init__(self, gpu_ms, host_ms):
         self.measured = (gpu_ms, host_ms)
+
+    def done(self):
+        return True
 
     def milliseconds(self):
         return self.measured
@@ -67,8 +71,9 @@ class Traced(CapturedStep):
     """A CapturedStep that takes the CPU for CUDA: an eager call runs the step, a capture records a graph
     whose replay logs "replay", and each call logs what it ran."""
 
-    def __init__(self, step, clock, timed=(1.0, 1.0), replay_ms=REPLAY_MS, **kwargs):
+    def __init__(self, step, clock, timed=(1.0, 1.0), replay_ms=REPLAY_MS, recorded_timed=None, **kwargs):
         self.clock, self.timed, self.replay_ms, self.quiet, self.calls = clock, timed, replay_ms, False, []
+        self.recorded_timed = recorded_timed or timed  # (GPU ms, host ms) of a RECORD call: the recorder slows the host
         super().__init__(step, **kwargs)
 
     def __call__(self, *inputs, **kwargs):
@@ -80,12 +85,12 @@ class Traced(CapturedStep):
     def _on_cuda(self, tensors) -> bool:
         return True
 
-    def _eager(self, tensors, inputs, timed=False):
+    def _eager(self, tensors, inputs, timed=False, recorded=False):
         if not self.quiet:
             self.clock.log.append("timed" if timed else "eager")
         self.state.side_stream_used = True
         if timed:
-            self.state.load = Measured(*self.timed)
+            self.state.load.add(Measured(*(self.recorded_timed if recorded else self.timed)), recorded)
         self.clock.now += EAGER_MS / 1e3
         return self.step(*inputs)
 
@@ -165,7 +170,7 @@ def test_a_step_warms_up_records_twice_is_timed_captures_then_replays(fresh):
 def test_without_the_host_check_there_is_no_record_phase(fresh, monkeypatch):
     monkeypatch.setenv("GRAPHIFY_HOST_CHECK", "off")
     calls, messages = run(Traced(_double, fresh), 5, torch.ones(3))
-    assert calls == ["eager", "eager", "timed", "capture+replay", "replay"] and messages == []
+    assert calls == ["eager", "timed", "timed", "capture+replay", "replay"] and messages == []
 
 
 def test_each_key_has_phases_of_its_own(fresh):
@@ -173,7 +178,7 @@ def test_each_key_has_phases_of_its_own(fresh):
     x = torch.ones(3)
     calls = [run(step, 1, x, key=(flag,))[0][0] for flag in [True, False] * 5]
     assert calls[0::2] == WARMUP_LOG
-    assert calls[1::2] == ["eager", "record", "record", "eager", "capture+replay"]  # a step is timed once, at its first TIMED call
+    assert calls[1::2] == WARMUP_LOG  # timed until the first capture decides, whatever the key
     assert len(step.state.graphs) == 2
 
 
@@ -185,10 +190,32 @@ def test_a_gpu_bound_timed_call_leaves_the_step_eager_at_its_capture(fresh):
     assert step.state.phase(next(iter(step.state.keys)), 4) is Phase.EAGER and not step.state.graphs
 
 
+def test_gpu_bound_unrecorded_calls_ask_for_more_timed_calls_when_the_recorded_ones_say_nothing(fresh):
+    """The recorder slowed the RECORD calls' host (not GPU-bound there): the TIMED call alone is too few,
+    so the CAPTURE call runs eagerly, timed, until GPU_BOUND_CALLS unrecorded calls are GPU-bound."""
+    step = Traced(_double, fresh, timed=(12.0, 2.0), recorded_timed=(12.0, 12.0))
+    calls, messages = run(step, 8, torch.ones(3))
+    assert calls == WARMUP_LOG[:4] + ["timed", "timed"] + ["eager"] * 2
+    assert len(messages) == 1 and "medians of 3 warmup calls" in messages[0] and not step.state.graphs
+
+
+def test_gpu_bound_only_while_recorded_is_captured_at_once(fresh):
+    step = Traced(_double, fresh, timed=(1.0, 1.0), recorded_timed=(12.0, 2.0))
+    calls, messages = run(step, 6, torch.ones(3))
+    assert calls == WARMUP_LOG + ["replay"] and messages == []
+
+
+def test_without_the_host_check_a_gpu_bound_step_is_timed_once_more(fresh, monkeypatch):
+    monkeypatch.setenv("GRAPHIFY_HOST_CHECK", "off")  # warmup 3: two calls timed before the CAPTURE call
+    calls, messages = run(Traced(_double, fresh, timed=(12.0, 2.0)), 6, torch.ones(3))
+    assert calls == ["eager", "timed", "timed", "timed", "eager", "eager"]
+    assert len(messages) == 1 and "no gain expected: GPU-bound" in messages[0]
+
+
 def test_capture_forced_skips_the_decision_and_the_trial(fresh, monkeypatch):
     monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
     calls, messages = run(Traced(_double, fresh, timed=(12.0, 2.0)), 7, torch.ones(3))
-    assert calls == WARMUP_LOG + ["replay"] * 2 and messages == []
+    assert calls == FORCED_LOG + ["replay"] * 2 and messages == []
 
 
 def test_host_values_that_differ_between_the_record_calls_leave_the_step_eager(fresh):
@@ -238,11 +265,11 @@ def test_a_learning_rate_moved_captures_again_at_once_and_a_momentum_after_a_new
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     step = Traced(_sgd_step(model, optimizer), fresh)
     x = torch.randn(8, 4)
-    assert run(step, 5, x) == (["eager", "eager", "timed", "capture+replay", "replay"], [])
+    assert run(step, 5, x) == (["eager", "timed", "timed", "capture+replay", "replay"], [])
     optimizer.param_groups[0]["lr"] = 0.05
     assert run(step, 2, x) == (["capture+replay", "replay"], [])
     optimizer.param_groups[0]["momentum"] = 0.9
-    assert run(step, 5, x) == (["eager", "eager", "eager", "capture+replay", "replay"], [])  # timed once only
+    assert run(step, 5, x) == (["eager", "eager", "eager", "capture+replay", "replay"], [])  # timed before the first capture only
     assert step.state.recaptures == 2
 
 
@@ -253,8 +280,8 @@ def test_a_loop_entered_again_checks_its_graph_at_its_next_replay(fresh, monkeyp
     x = torch.ones(3)
     first = Traced(_double, fresh)
     calls, _ = run(first, 5 + RECHECK_FROM + 1, x)
-    assert calls[: len(WARMUP_LOG)] == WARMUP_LOG
-    replays = calls[len(WARMUP_LOG) :]
+    assert calls[: len(FORCED_LOG)] == FORCED_LOG
+    replays = calls[len(FORCED_LOG) :]
     assert [i for i, c in enumerate(replays, 1) if c != "replay"] == [RECHECK_FROM] and replays[RECHECK_FROM - 1] == "check"
     again = Traced(_double, fresh)  # the next epoch: the same function and objects
     assert again.state is first.state
@@ -357,13 +384,16 @@ def _train(module_call, model, x, calls: int, backward=True):
             model.zero_grad()
 
 
+MODEL_WARMUP_LOG = ["eager", "timed+record", "timed+record", "timed"]  # a signature's first call is not timed
+
+
 @pytest.mark.usefixtures("cpu_streams")
 def test_a_model_warms_up_records_twice_is_timed_captures_then_replays(fresh):
     model = Clocked(fresh)
     call = TracedModule(model, fresh)
     _train(call, model, torch.randn(8, 4), 5 + TRIAL_CALLS + 2)
     trial = (["replay"] * TRIAL_BLOCK + ["eager"] * TRIAL_BLOCK) * (TRIAL_BLOCKS // 2)
-    assert call.calls == ["timed", "record", "record", "timed", "capture+replay"] + trial[1:] + ["replay"] * 3
+    assert call.calls == MODEL_WARMUP_LOG + ["capture+replay"] + trial[1:] + ["replay"] * 3
     assert call.state["graphed"] is not None and call.state.trial is None
 
 
@@ -376,12 +406,45 @@ def test_a_model_waits_for_the_backward_of_its_last_warmup_call_and_of_its_repla
     x = torch.randn(8, 4)
     _train(call, model, x, 3)
     _train(call, model, x, 2, backward=False)  # the last warmup call's backward never comes
-    assert call.calls == ["timed", "record", "record", "timed", "timed"]
+    assert call.calls == MODEL_WARMUP_LOG + ["timed"]
     call.state.warmup_awaiting = False  # as once that backward ran
     _train(call, model, x, 1, backward=False)
     assert call.calls[-1] == "capture+replay"
     _train(call, model, x, 1)  # the replay's backward has not run: eager
     assert call.calls[-1] == "eager"
+
+
+def test_a_model_gpu_bound_but_while_recorded_is_timed_more_then_left_eager(fresh, cpu_streams, monkeypatch):
+    """As a step: the RECORD calls say nothing (the recorder slowed the host), so the CAPTURE call runs one
+    more timed warmup call each time until GPU_BOUND_CALLS unrecorded ones were GPU-bound; no capture."""
+
+    class Timing(Measured):
+        def __init__(self, stream):
+            super().__init__(12.0, 2.0)
+            fresh.log.append("timed")
+
+        def stop(self):  # after the call: a RECORD call's host was slowed
+            if fresh.recorded:
+                self.measured, fresh.recorded = (12.0, 12.0), False
+
+    fresh.recorded = False
+    compared = TracedModule._compared
+
+    def recording(self, *args, **kwargs):
+        fresh.recorded = True
+        return compared(self, *args, **kwargs)
+
+    monkeypatch.setattr(graphed_module_module, "Timing", Timing)
+    monkeypatch.setattr(TracedModule, "_compared", recording)
+    model = Clocked(fresh)
+    call = TracedModule(model, fresh)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _train(call, model, torch.randn(8, 4), 8)
+    assert call.calls == MODEL_WARMUP_LOG + ["timed", "timed", "eager", "eager"]
+    messages = [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
+    assert len(messages) == 1 and "no gain expected: GPU-bound (its forward pass" in messages[0]
+    assert call.state["graphed"] is None and call.state.disabled is not None
 
 
 @pytest.mark.parametrize("wrap", [lambda: CapturedStep(_double), lambda: GraphedModule(torch.nn.Linear(2, 2))], ids=["step", "model"])

@@ -21,7 +21,6 @@ from graphify.runtime.common import (
     collection_paused,
     copy_outputs,
     fits,
-    gpu_bound,
     leaves,
     requires_grad,
     restore_host_state,
@@ -81,7 +80,6 @@ class StepState(GraphStates):
     hasty_recaptures: int = 0
     replays_at_forget: int = 0
     fetch_checks: int | None = None  # eager calls that fetched micro-step batches in order; -1 off CUDA
-    measured: tuple | None = None  # (GPU ms, host ms) of the TIMED call, once the capture decision used it
     tried: bool = False  # whether replays were put on trial against eager calls in the loop (common.LoopTrial)
 
     def captured_on(self) -> tuple[list, list]:
@@ -102,9 +100,9 @@ class CapturedStep(Wrapper):
     Each key (host branch outcomes such as "the optimizer steps this time", the modes of the modules and
     their submodules, whether grad is enabled) goes through the phases of states.py: the first `warmup`
     calls on CUDA run eagerly on a side stream (WARMUP), two of them recording the host values handed to
-    the operators (RECORD, one call more: they must agree, or the step stays eager) and the last one timed
-    (TIMED); the next call copies its inputs into static buffers, captures the step and replays it
-    (CAPTURE); later calls copy their inputs in and replay (CAPTURED). Inputs of another shape, dtype or
+    the operators (RECORD, one call more: they must agree, or the step stays eager) and all but the first
+    timed (TIMED: a GPU-bound step is not captured); the next call copies its inputs into static buffers,
+    captures the step and replays it (CAPTURE); later calls copy their inputs in and replay (CAPTURED). Inputs of another shape, dtype or
     device and calls off CUDA run eagerly; a call after a setting the graph froze has changed (a float
     learning rate on an optimizer that cannot read a tensor one, betas, momentum or eps moved, a param
     group added) captures again at once; a replay run recorded (see _rechecked) that shows a host value
@@ -163,7 +161,8 @@ class CapturedStep(Wrapper):
         if phase is Phase.CAPTURED:
             return self._replayed(key, entry, tensors, inputs)
         if phase is Phase.CAPTURE:
-            return self._eager(tensors, inputs) if self._gpu_bound() else self._capture(key, tensors, inputs)
+            verdict = self._load_verdict("a step")  # GPU-bound: eager for good, before any capture
+            return self._capture(key, tensors, inputs) if verdict == "capture" else self._eager(tensors, inputs, timed=verdict == "time")
         return self._warm(phase, key, tensors, inputs)
 
     def _key(self, key, host, handed) -> tuple:
@@ -189,14 +188,15 @@ class CapturedStep(Wrapper):
         if runs is None:
             self._give_up(f"its host inputs or branch keys took more than {MAX_KEYS} values (a Python value that changes every step?)")
             return self._eager(tensors, inputs)
+        timed = self._timed(runs)
         if phase is Phase.RECORD:
-            return self._compared(key, tensors, inputs, first=runs == self._warmup() - 3)
-        timed = phase is Phase.TIMED and state.load is None and not state.ddps  # ranks of a DDP step must decide alike
+            return self._compared(key, tensors, inputs, first=runs == self._warmup() - 3, timed=timed)
         return self._eager(tensors, inputs, timed=timed)
 
-    def _eager(self, tensors, inputs, timed: bool = False):
+    def _eager(self, tensors, inputs, timed: bool = False, recorded: bool = False):
         """An eager step on the side stream (as warmup must be, and so that autograd keeps one stream);
-        `timed`: its host and GPU time are kept, to tell a GPU-bound step before capturing it."""
+        `timed`: its host and GPU time are kept (`recorded`: the recorder ran in it), to tell a GPU-bound
+        step before capturing it (common.WarmupLoad)."""
         device = tensors[0].device if tensors else self._param_device()
         self.state.side_stream_used = True
         stream = side_stream(device)
@@ -209,13 +209,13 @@ class CapturedStep(Wrapper):
                 result = self.step(*inputs)
                 if timing:
                     timing.stop()
-                    self.state.load = timing
+                    self.state.load.add(timing, recorded)
                 return result
         finally:
             torch.set_autocast_cache_enabled(cache)
             torch.cuda.current_stream(device).wait_stream(stream)
 
-    def _compared(self, key, tensors, inputs, first: bool):
+    def _compared(self, key, tensors, inputs, first: bool, timed: bool = False):
         """A RECORD call: records the host values the step hands to the GPU, and compares them with the
         last recorded call of this key: any difference leaves the step eager for good, since a graph would
         replay the values it was captured with. (Only warmup calls: an eager call between replays would
@@ -224,7 +224,7 @@ class CapturedStep(Wrapper):
         state, entry = self.state, self.state.keys[key]
         counted = registrations()
         with HostValues(state.optimizers) as record:
-            result = self._eager(tensors, inputs)
+            result = self._eager(tensors, inputs, timed=timed, recorded=True)
         now = registrations()
         if state.registrations == counted == (now[0] - len(record.handles), now[1]):
             state.registrations = now  # the recorder's own optimizer hooks change no forward
@@ -237,18 +237,6 @@ class CapturedStep(Wrapper):
         return result
 
     # ---- CAPTURE --------------------------------------------------------------------------------
-
-    def _gpu_bound(self) -> bool:
-        """Whether the TIMED step kept the GPU busy far longer than the host took to launch it (decided once,
-        before the first capture): then a replay gains nothing and the step stays eager."""
-        state = self.state
-        if state.load is None or state.measured is not None or capture_forced():
-            return False
-        state.measured = state.load.milliseconds()
-        why = gpu_bound(*state.measured, "a step")
-        if why is not None:
-            self._give_up(why)
-        return why is not None
 
     def _capture(self, key, tensors, inputs):
         """The CAPTURE call: the graph recorded, then replayed once (capture records the step without running
@@ -434,6 +422,8 @@ class CapturedStep(Wrapper):
         self._survey()
         why = why or why_not_capturable(objects, state.optimizers)
         state.ddps = ddp_modules(state.modules)
+        if state.ddps:  # ranks of a DDP step must decide alike: never timed, captured
+            state.load = None
         # DDP ranks must decide alike; a compiled function must not meet the recorder
         state.recorded = recording_allowed() and not state.ddps and not compiled(objects)
         if why is not None:

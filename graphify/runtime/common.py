@@ -18,10 +18,17 @@ import torch
 
 WARMUP = 3  # eager calls per graph before capture (3 as torch.cuda.make_graphed_callables)
 # Work whose host time is under this share of its GPU time is GPU-bound: the GPU, not the launches, sets
-# the pace, so a replay would save nothing and add input copies; it stays eager (GRAPHIFY_CAPTURE=always
-# captures it all the same). Launch-bound work measures about 1 (the GPU waits on each launch); H200:
-# a bf16 CNN at 37 ms a step measured 0.26, a small transformer 1.0.
+# the pace, so a replay (which saves only host time) would save nothing and add input copies; it stays
+# eager (GRAPHIFY_CAPTURE=always captures it all the same). Launch-bound work measures about 1 (the GPU
+# waits on each launch); H200: a bf16 CNN at 37 ms a step measured 0.26, a small transformer 1.0.
 GPU_BOUND_SHARE = 0.5
+# Before the first capture, warmup calls are timed (WarmupLoad): every one but a key's first (lazy loading,
+# cuDNN's autotuning). Work stays eager, uncaptured, when this many of them were GPU-bound and none of the
+# calls run without the host-value recorder was not (the recorder slows the host: a recorded call that is
+# not GPU-bound says nothing, one that is says so all the more). Wanting more, the capture waits for more
+# timed eager calls, up to LOAD_CALLS in all; then what was measured decides, capture when in doubt.
+GPU_BOUND_CALLS = 3
+LOAD_CALLS = 8
 # After a capture, replayed and eager calls run in turns in the user's loop (LoopTrial): the graphs are kept
 # only when a replayed call of the loop is at least MIN_LOOP_GAIN times faster than an eager one. A model
 # graphed beside a NaN guard measured 0.75x and 0.91x of eager, an evaluation loop rewritten whole 0.92x, where
@@ -75,19 +82,72 @@ class Timing:
         self.end.record(self.stream)
         self.host_s = time.perf_counter() - self.started
 
+    def done(self) -> bool:
+        """Whether the GPU has reached the end (no wait)."""
+        return self.end.query()
+
     def milliseconds(self) -> tuple[float, float]:
         """(GPU ms, host ms); waits until the GPU has reached the end."""
         self.end.synchronize()
         return self.start.elapsed_time(self.end), self.host_s * 1e3
 
 
-def gpu_bound(gpu_ms: float, host_ms: float, what: str) -> str | None:
-    """Why `what` (timed once, eagerly) stays eager when the GPU sets its pace; None when it does not."""
-    if host_ms >= GPU_BOUND_SHARE * gpu_ms:
+class WarmupLoad:
+    """Whether a wrapper's work is GPU-bound, from its warmup calls, decided before its first capture: each
+    timed call's Timing (`add`), read once the GPU has run it (Timing.done: no wait), and at the first
+    decision (`verdict`) after one wait for the last (a capture that goes ahead waits for the GPU anyway).
+    Each call is timed on its own stream: no synchronisation around it."""
+
+    def __init__(self):
+        self.pending: list = []  # (Timing, recorded) not read yet
+        self.samples: list = []  # (GPU ms, host ms, recorded)
+        self.timed = 0  # calls timed
+        self.asked = 0  # decisions asked
+
+    def add(self, timing, recorded: bool = False) -> None:
+        """A timed warmup call (`recorded`: the host-value recorder ran in it, slowing the host)."""
+        self.pending.append((timing, recorded))
+        self.timed += 1
+
+    def read(self, wait: bool) -> None:
+        """The timings the GPU has run (all of them when `wait`: one wait, for the last) moved to the samples."""
+        if wait and self.pending:
+            self.pending[-1][0].milliseconds()  # a stream runs in order: the earlier ones are done then too
+        while self.pending and (wait or self.pending[0][0].done()):
+            timing, recorded = self.pending.pop(0)
+            self.samples.append((*timing.milliseconds(), recorded))
+
+    def verdict(self, what: str) -> tuple[str, str | None]:
+        """("capture", None); ("eager", why): GPU-bound; or ("time", None): this call runs eagerly, timed,
+        and the next one asks again."""
+        self.read(wait=False)
+        decided = load_verdict(self.samples, what)
+        if decided is None and self.pending and (self.asked == 0 or self.timed >= LOAD_CALLS):
+            self.read(wait=True)
+            decided = load_verdict(self.samples, what)
+        self.asked += 1
+        if decided is not None:
+            return decided
+        return ("capture", None) if self.timed >= LOAD_CALLS else ("time", None)
+
+
+def load_verdict(samples, what: str) -> tuple[str, str | None] | None:
+    """The decision from the timed warmup calls read so far, (GPU ms, host ms, recorded) each: capture when
+    one run without the recorder was not GPU-bound (its host time at least GPU_BOUND_SHARE of its GPU time),
+    eager with the reason when GPU_BOUND_CALLS were GPU-bound; None: not yet known."""
+    if any(host >= GPU_BOUND_SHARE * gpu and not recorded for gpu, host, recorded in samples):
+        return "capture", None
+    bound = [(gpu, host) for gpu, host, _ in samples if host < GPU_BOUND_SHARE * gpu]
+    if len(bound) < GPU_BOUND_CALLS:
         return None
+    return "eager", gpu_bound(statistics.median(g for g, _ in bound), statistics.median(h for _, h in bound), what, len(bound))
+
+
+def gpu_bound(gpu_ms: float, host_ms: float, what: str, calls: int) -> str:
+    """Why `what` stays eager when the GPU sets its pace: `calls` warmup calls, their median times."""
     return (
-        f"no gain expected: GPU-bound ({what} keeps the GPU busy {gpu_ms:.1f} ms for {host_ms:.1f} ms of host time; "
-        "GRAPHIFY_CAPTURE=always captures it anyway)"
+        f"no gain expected: GPU-bound ({what} keeps the GPU busy {gpu_ms:.1f} ms for {host_ms:.1f} ms of host time, "
+        f"medians of {calls} warmup calls each under {GPU_BOUND_SHARE:.0%}; GRAPHIFY_CAPTURE=always captures it anyway)"
     )
 
 

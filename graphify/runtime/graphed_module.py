@@ -20,7 +20,6 @@ from graphify.runtime.common import (
     capture_forced,
     changed_in_place,
     collection_paused,
-    gpu_bound,
     leaves,
     requires_grad,
     side_stream,
@@ -61,6 +60,7 @@ class ModuleState(GraphStates):
     signature: tuple | None = None  # the key CAPTURED
     awaiting_backward: bool = False  # the last replay's backward is still to come: calls run eagerly
     warmup_awaiting: bool = False  # the last warmup call's backward is still to come: capture waits
+    inputs_warned: bool = False  # a call on CUDA ran eagerly for inputs a graph cannot take, with one warning
 
     @property
     def graphed(self):
@@ -133,6 +133,8 @@ class GraphedModule(Wrapper):
         if (moved := state.guard()) is not None:  # pruned since the capture, say
             self._give_up(moved)
         if state.disabled is not None or not self._graphable(inputs, constants):
+            if state.disabled is None and not state.inputs_warned:
+                self._warn_inputs(inputs, constants)
             return self.module(*inputs, **constants)
         signature = self._key(inputs, constants)
         if state.signature is None:
@@ -143,15 +145,18 @@ class GraphedModule(Wrapper):
             # backward, which checks the versions of what it saved, is still to come
             if phase is not Phase.CAPTURE or state.warmup_awaiting:
                 return self._warm(phase, signature, inputs, constants)
-            if not self._capture(signature, inputs, constants):
+            outcome = self._capture(signature, inputs, constants)
+            if outcome == "time":  # GPU-bound so far: one more timed warmup call tells
+                return self._warm(phase, signature, inputs, constants)
+            if outcome == "eager":
                 return self.module(*inputs, **constants)
         if signature != state.signature or state.awaiting_backward:
             return self.module(*inputs, **constants)
         return self._replayed(signature, inputs, constants)
 
     def _warm(self, phase, signature, inputs, constants):
-        """A warmup call: eager on the side stream; a RECORD call compares host values, any other is timed
-        (the last one before the capture tells a GPU-bound forward)."""
+        """A warmup call: eager on the side stream; a RECORD call compares host values; until the capture
+        decision, all but a signature's first are timed (they tell a GPU-bound forward: common.WarmupLoad)."""
         state = self.state
         runs = state.warm(signature, MAX_SIGNATURES)
         if runs is None:
@@ -163,13 +168,14 @@ class GraphedModule(Wrapper):
         stream = side_stream(inputs[0].device)
         stream.wait_stream(torch.cuda.current_stream(inputs[0].device))
         with torch.cuda.stream(stream):
+            timing = Timing(stream) if self._timed(runs) else None
             if phase is Phase.RECORD:
                 outputs = self._compared(signature, inputs, constants, first=runs == self.warmup + state.recorded - 3)
             else:
-                load = Timing(stream)
                 outputs = self.module(*inputs, **constants)
-                load.stop()
-                state.load = load
+            if timing is not None:
+                timing.stop()
+                state.load.add(timing, recorded=phase is Phase.RECORD)
         torch.cuda.current_stream(inputs[0].device).wait_stream(stream)
         self._await_backward(outputs, "warmup_awaiting")
         return outputs
@@ -260,17 +266,35 @@ class GraphedModule(Wrapper):
             )
         )
 
-    def _capture(self, signature, inputs, constants) -> bool:
-        """The CAPTURE call: graphs the module for these inputs, or leaves it eager for good with one warning."""
-        load = self.state.load
+    def _warn_inputs(self, inputs, constants) -> None:
+        """One warning, the first time a training call on CUDA runs eagerly for its inputs' sake: a positional
+        input that is not a tensor, a keyword value that is not a plain one (a graph's inputs are tensors;
+        plain keyword values are part of its key). Calls with inputs it can take are still graphed."""
+        if not (self.module.training and torch.is_grad_enabled()):
+            return
+        if not any(t.is_cuda for t in leaves([inputs, list(constants.values())])):
+            return
+        why = untakeable(inputs, constants)
+        if why is not None:
+            self.state.inputs_warned = True
+            self._warn(
+                f"{why}, which a graph cannot take (its inputs are tensors, passed by position; plain values passed by keyword are part of its key): calls like it run eagerly"
+            )
+
+    def _capture(self, signature, inputs, constants) -> str:
+        """The CAPTURE call: graphs the module for these inputs ("captured"), or leaves it eager for good
+        with one warning ("eager"), or, before the first capture, finds too few timed warmup calls to tell
+        whether its forward is GPU-bound ("time": this call is one more)."""
         why = _wrapped_across_processes(self.module) or why_not_capturable([self.module], [])
-        if why is None and load is not None and not capture_forced():
-            why = gpu_bound(*load.milliseconds(), "its forward pass")
-        why = why or self._graph(signature, inputs, constants)
         if why is None:
-            return True
+            verdict = self._load_verdict("its forward pass")
+            if verdict != "capture":
+                return verdict
+            why = self._graph(signature, inputs, constants)
+        if why is None:
+            return "captured"
         self._give_up(why)
-        return False
+        return "eager"
 
     def _graph(self, signature, inputs, constants) -> str | None:
         """Captures the forward and backward and, unless capture is forced, times them against eager passes
@@ -380,6 +404,22 @@ def _wrapped_across_processes(module) -> str | None:
         if isinstance(m, torch.nn.parallel.DistributedDataParallel) or name == "FullyShardedDataParallel" or name.startswith("FSDP"):
             return f"its {name} wrapper reduces gradients from hooks in the backward, which a graph of the model alone would skip"
     return None
+
+
+def untakeable(inputs, constants) -> str | None:
+    """What in a call's arguments a graph cannot take, in words, or None: a positional input that is not a
+    tensor, a keyword value that is neither None, a number nor a string."""
+    for i, value in enumerate(inputs):
+        if not torch.is_tensor(value):
+            return f"its positional input {i + 1} is {_kind(value)}"
+    for name, value in constants.items():
+        if not (value is None or isinstance(value, (numbers.Number, str))):
+            return f"its keyword argument `{name}` is {_kind(value)}"
+    return None
+
+
+def _kind(value) -> str:
+    return "a tensor" if torch.is_tensor(value) else "None" if value is None else f"a `{type(value).__name__}`"
 
 
 def slower_replays(eager_ms: float, replay_ms: float) -> str | None:

@@ -16,9 +16,11 @@ autocast setting and keyword values. Each call on CUDA runs in its key's phase:
 * RECORD: the two warmup calls before the last record the host values the work hands to the GPU; the
   second must find what the first found, or the wrapper gives up (GRAPHIFY_HOST_CHECK=off, or a DDP
   step: no RECORD calls, one warmup call fewer);
-* TIMED: the last warmup call, timed (a step's first TIMED call only; a model's every warmup call but the
-  RECORD ones, the last counting): the capture that follows first asks whether the work is GPU-bound,
-  when a graph would gain nothing (GRAPHIFY_CAPTURE=always: not asked);
+* TIMED: the last warmup call. Until the first capture every warmup call but a key's first is timed, its
+  host time against its GPU time (common.WarmupLoad, the RECORD calls marked as slowed by the recorder):
+  the first CAPTURE call asks whether the work is GPU-bound, when a graph would gain nothing: GPU_BOUND_CALLS
+  calls GPU-bound and no unrecorded one not, and the wrapper runs eagerly for good; too few to tell, and
+  the CAPTURE call runs eagerly, timed, asking again at the next (GRAPHIFY_CAPTURE=always: not asked);
 * CAPTURE: the graph is recorded, and replayed once for this call (a model's waits while the last warmup
   call's backward is still to come: one TIMED call more);
 * CAPTURED: calls replay, in turns with eager calls while the loop trial runs after the first capture
@@ -41,7 +43,7 @@ import warnings
 import weakref
 from dataclasses import dataclass, field
 
-from graphify.runtime.common import GraphifyFallbackWarning
+from graphify.runtime.common import GraphifyFallbackWarning, WarmupLoad, capture_forced
 from graphify.runtime.host_values import RECHECK_FROM
 from graphify.runtime.reach import layout, layout_change, registrations
 
@@ -117,7 +119,7 @@ class GraphStates:
     recorded: bool | None = None  # whether its keys have RECORD calls; None until decided
     layout: tuple = ()  # of the modules' and optimizers' tensors and forwards at the last capture (reach.layout)
     registrations: tuple = ()  # reach.registrations() when the layout was last found the same
-    load: object = None  # the Timing of the last timed warmup call
+    load: WarmupLoad | None = field(default_factory=WarmupLoad)  # timed warmup calls; None once decided
     trial: object = None  # the LoopTrial under way after the first capture
     trial_costs: tuple | None = None  # (eager ms, replay ms) a call, as the trial measured them
 
@@ -217,6 +219,26 @@ class Wrapper:
             level, frame = level + 1, frame.f_back
         del frame
         warnings.warn(f"graphify: {self.subject} {outcome}: {why}", GraphifyFallbackWarning, stacklevel=level)
+
+    def _timed(self, runs: int) -> bool:
+        """Whether a warmup call, after `runs` of its key, is timed: until the capture decision, all but a
+        key's first (lazy loading, cuDNN's autotuning), unless GRAPHIFY_CAPTURE=always."""
+        return runs > 0 and self.state.load is not None and not capture_forced()
+
+    def _load_verdict(self, what: str) -> str:
+        """At a CAPTURE call, before the first capture: "capture"; "time" (GPU-bound so far, too few calls
+        to tell: this call runs eagerly, timed, and the next asks again); or "eager": the timed warmup calls
+        found `what` GPU-bound (common.WarmupLoad), and the wrapper gave up, with one warning. Decided once."""
+        load = self.state.load
+        if load is None or capture_forced():
+            self.state.load = None
+            return "capture"
+        verdict, why = load.verdict(what)
+        if verdict != "time":
+            self.state.load = None  # decided: no call is timed any more
+        if why is not None:
+            self._give_up(why)
+        return verdict
 
     def _trial_turn(self, what: str) -> str:
         """Whether this call, which could replay, replays or runs eagerly: eagerly in the eager turns of the

@@ -8,7 +8,7 @@ import pytest
 import torch
 from harness import assert_all_close, fallbacks, no_fallback, snapshot
 
-from graphify.runtime import GraphedModule
+from graphify.runtime import GraphedModule, common
 from graphify.runtime import graphed_module as graphed_module_runtime
 
 
@@ -55,7 +55,7 @@ def test_dropped_graphs_leave_no_trace_in_batch_norm_or_the_rng(monkeypatch, tim
     batch-norm updates and dropout draws are undone, and training matches plain eager bit for bit."""
     timings_say(passes_pay=False)
     # other tests share the GPU (pytest -n): its time may make this small forward look GPU-bound, uncaptured
-    monkeypatch.setattr(graphed_module_runtime, "gpu_bound", lambda *args: None)
+    monkeypatch.setattr(common, "GPU_BOUND_SHARE", 0.0)  # no call is GPU-bound
     expected = _train(_normalised, graphed=False)
     got = _train(_normalised, graphed=True)
     assert captures == [1, 1]  # the forward and backward graphs were captured, then dropped
