@@ -9,21 +9,12 @@ from __future__ import annotations
 
 import warnings
 
-import pytest
 import torch
 
 from graphify.runtime import CapturedStep, GraphedModule, GraphifyFallbackWarning
 from graphify.runtime.common import LOAD_CALLS, Timing, WarmupLoad
 
-pytestmark = pytest.mark.cuda
 SIZE = 4096  # fp32 matmuls of this size: about a millisecond each on an H100, launched in microseconds
-
-
-def _counting_captures(monkeypatch) -> list:
-    captures = []
-    end = torch.cuda.CUDAGraph.capture_end
-    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_end", lambda self, *a, **k: (captures.append(1), end(self, *a, **k))[1])
-    return captures
 
 
 def _counting_waits(monkeypatch) -> list:
@@ -78,12 +69,11 @@ def _calls(wrapped, x, calls: int) -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, GraphifyFallbackWarning)]
 
 
-def test_a_gpu_bound_step_is_left_eager_at_its_first_capture_call_without_capturing(monkeypatch):
+def test_a_gpu_bound_step_is_left_eager_at_its_first_capture_call_without_capturing(monkeypatch, captures):
     """Warmup 3 and one call more recorded: calls 2 and 3 (recorded: the recorder's host time is small beside
     the matmuls) and 4 are timed, all GPU-bound, so the 5th call decides: eager, no capture, one warning."""
     monkeypatch.delenv("GRAPHIFY_CAPTURE", raising=False)
     monkeypatch.delenv("GRAPHIFY_HOST_CHECK", raising=False)
-    captures = _counting_captures(monkeypatch)
     train_step, weight = _matmul_step(SIZE)
     step = CapturedStep(train_step)
     x = torch.randn(SIZE, SIZE, device="cuda")
@@ -100,12 +90,11 @@ def test_a_gpu_bound_step_is_left_eager_at_its_first_capture_call_without_captur
     torch.testing.assert_close(weight, expected_weight, rtol=1e-4, atol=1e-5)
 
 
-def test_without_the_recorded_calls_a_gpu_bound_step_is_timed_more_and_waits_at_most_twice(monkeypatch):
+def test_without_the_recorded_calls_a_gpu_bound_step_is_timed_more_and_waits_at_most_twice(monkeypatch, captures):
     """GRAPHIFY_HOST_CHECK=off: warmup 3, calls 2 and 3 timed, too few: the capture calls run eagerly, timed,
     until 3 timed calls the GPU has run are read (no wait) or LOAD_CALLS were timed (one wait more)."""
     monkeypatch.delenv("GRAPHIFY_CAPTURE", raising=False)
     monkeypatch.setenv("GRAPHIFY_HOST_CHECK", "off")
-    captures = _counting_captures(monkeypatch)
     waits = _counting_waits(monkeypatch)
     train_step, _ = _matmul_step(SIZE)
     step = CapturedStep(train_step)
@@ -116,11 +105,10 @@ def test_without_the_recorded_calls_a_gpu_bound_step_is_timed_more_and_waits_at_
     assert 1 <= len(waits) <= 2, waits  # the first decision's wait; one more only once LOAD_CALLS were timed
 
 
-def test_a_launch_bound_step_is_captured_at_the_same_call_as_before(monkeypatch):
+def test_a_launch_bound_step_is_captured_at_the_same_call_as_before(monkeypatch, captures):
     """The TIMED call (the 4th), run without the recorder, is not GPU-bound: the 5th call captures."""
     monkeypatch.delenv("GRAPHIFY_CAPTURE", raising=False)
     monkeypatch.delenv("GRAPHIFY_HOST_CHECK", raising=False)
-    captures = _counting_captures(monkeypatch)
     train_step, _ = _mlp_step()
     step = CapturedStep(train_step)
     x = torch.randn(64, 32, device="cuda")
@@ -129,10 +117,9 @@ def test_a_launch_bound_step_is_captured_at_the_same_call_as_before(monkeypatch)
     assert step.state.load is None and step.state.disabled is None and step.state.graphs
 
 
-def test_a_gpu_bound_model_is_left_eager_without_capturing_and_trains_as_eager(monkeypatch):
+def test_a_gpu_bound_model_is_left_eager_without_capturing_and_trains_as_eager(monkeypatch, captures):
     monkeypatch.delenv("GRAPHIFY_CAPTURE", raising=False)
     monkeypatch.delenv("GRAPHIFY_HOST_CHECK", raising=False)
-    captures = _counting_captures(monkeypatch)
 
     def train(graphed: bool):
         torch.manual_seed(0)
