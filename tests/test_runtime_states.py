@@ -472,3 +472,35 @@ def test_giving_up_leaves_no_frame_for_the_garbage_collector(wrap):
         gc.garbage.clear()
         gc.enable()
     assert not left and len(caught) == 1 and caught[0].lineno == loop.__code__.co_firstlineno + 2
+
+
+def test_dropped_graphs_wait_for_a_fork_unless_they_hold_much_memory():
+    """A full collection costs more than a short loop gains: small dropped graphs are collected right
+    before the next fork (a DataLoader worker must not inherit them) or by Python's own collection; large
+    ones at once."""
+    import gc
+    import weakref
+
+    from graphify.runtime import common
+
+    class Cycle:
+        pass
+
+    def dropped():
+        node = Cycle()
+        node.me = node
+        return weakref.ref(node)
+
+    gc.collect()
+    gc.disable()
+    try:
+        small = dropped()
+        common.free_dropped_graphs(1024)
+        assert small() is not None  # waits
+        common._collect_before_fork()
+        assert small() is None
+        large = dropped()
+        common.free_dropped_graphs(common.LARGE_DROPPED_GRAPHS)
+        assert large() is None
+    finally:
+        gc.enable()

@@ -3,7 +3,6 @@ through the phases of states.py; ModuleState, what it keeps for a model across c
 
 from __future__ import annotations
 
-import gc
 import math
 import numbers
 import weakref
@@ -20,6 +19,7 @@ from graphify.runtime.common import (
     capture_forced,
     changed_in_place,
     collection_paused,
+    free_dropped_graphs,
     leaves,
     requires_grad,
     side_stream,
@@ -61,6 +61,7 @@ class ModuleState(GraphStates):
     awaiting_backward: bool = False  # the last replay's backward is still to come: calls run eagerly
     warmup_awaiting: bool = False  # the last warmup call's backward is still to come: capture waits
     inputs_warned: bool = False  # a call on CUDA ran eagerly for inputs a graph cannot take, with one warning
+    graph_bytes: int = 0  # device memory the CAPTURED signature's graphs hold
 
     @property
     def graphed(self):
@@ -82,7 +83,7 @@ class ModuleState(GraphStates):
         super().stop(why)
         self.signature = None
         if captured:
-            gc.collect()  # the graphs sit in reference cycles: freed here, not in a DataLoader worker forked later
+            free_dropped_graphs(self.graph_bytes)
 
 
 class GraphedModule(Wrapper):
@@ -306,7 +307,9 @@ class GraphedModule(Wrapper):
         # capture that worked, the graphs keep the original object, so only its values are restored
         generator = torch.cuda.default_generators[inputs[0].device.index]
         saved_state = generator.clone_state()
+        allocated = torch.cuda.memory_allocated(inputs[0].device)
         graphed, trained, why = self._make_graphed(inputs, constants)
+        held = max(torch.cuda.memory_allocated(inputs[0].device) - allocated, 0)  # the graphs' pool, their static tensors
         with torch.no_grad():
             for buffer, saved in zip(self.module.buffers(), buffers):
                 buffer.copy_(saved)
@@ -315,12 +318,11 @@ class GraphedModule(Wrapper):
         else:
             generator.graphsafe_set_state(saved_state)
         if why is not None:
-            # graphs (or a failed capture's remains) hold static CUDA tensors in reference cycles: collected
-            # later, they could be freed in a DataLoader worker forked before, which cannot touch CUDA and aborts
-            del graphed
-            gc.collect()
+            del graphed  # with a failed capture's remains, in reference cycles: see free_dropped_graphs
+            free_dropped_graphs(held)
             return why
         state = self.state
+        state.graph_bytes = held
         state.entry(signature).graph, state.signature = ModuleGraph(graphed, trained), signature
         state.record_layout()
         if not capture_forced():
