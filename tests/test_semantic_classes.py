@@ -1352,3 +1352,43 @@ class MetricLogger:
             self.totals[name] = self.totals.get(name, 0.0) + value
 """ + _IO_LOOP.format(imports="", setup="pass", loader="loader", io=statement)
     assert not _codes(source) & {"GFY511", "GFY512"}
+
+
+# ---- an LR set between the backward and the optimizer's step runs before the whole step ----------------
+
+_LR_BETWEEN = """
+def train(model, loader, opt, scheduler, device):
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        {lr}
+        opt.step()
+        print(loss.item())
+"""
+
+_SETTING_LR = {
+    "scheduler_step": "scheduler.step()",
+    "scheduler_step_if_any": "if scheduler is not None:\n            scheduler.step()",
+    "lr_scheduler_named": "lr_sched.step()",
+    "param_groups_by_hand": "for g in opt.param_groups:\n            g['lr'] = 0.1",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SETTING_LR))
+def test_an_lr_set_between_backward_and_optimizer_step_runs_before_the_replay(name):
+    """Only the optimizer's step reads the learning rate: set before the whole step, the replayed step
+    uses the rate set for this batch, as the source does."""
+    source = _LR_BETWEEN.format(lr=_SETTING_LR[name]).replace("scheduler, device", "scheduler, device, lr_sched=None")
+    result = _outcomes(source)
+    assert [(o.rewritten, o.model_only) for o in _train_loops(result)] == [(True, False)]
+    code = result.code
+    setting = "g['lr']" if name == "param_groups_by_hand" else ".step()"
+    assert code.index(setting, code.index("for x, y in loader")) < code.index("train_step(x, y)", code.index("for x, y in loader"))
+
+
+@pytest.mark.parametrize("call", ["scheduler.step(loss)", "noise_scheduler.step(loss, 1, x)"])
+def test_a_scheduler_step_fed_the_steps_values_is_not_moved_before_it(call):
+    result = _outcomes(_LR_BETWEEN.format(lr=call).replace("scheduler, device", "scheduler, device, noise_scheduler=None"))
+    assert [o.rewritten and not o.model_only for o in _train_loops(result)] == [False]

@@ -97,6 +97,10 @@ def score_rewrites(score: Score, labels: dict, diagnostics, outcomes: list[tuple
                     score.loop_notes.append(f"loop {loop['line']}: captured whole, labelled not-capturable")
         elif reasons is not None:
             score.refused += 1
+            if possible:
+                score.loop_notes.append(
+                    f"loop {loop['line']}: left unchanged ({', '.join(reasons) or 'no code'}), labelled {loop['verdict']}"
+                )
             score.refused_with_real_blocker += any(code in real for code in reasons)
             if not any(code in real for code in reasons):
                 score.loop_notes.append(f"loop {loop['line']}: refused for {', '.join(reasons) or 'no code'}, no labelled breaker")

@@ -16,7 +16,7 @@ from graphify.analysis.statements import (
     walk,
 )
 from graphify.analysis.values import Env
-from graphify.analysis.vocabulary import PURE_BUILTINS, SCALER
+from graphify.analysis.vocabulary import PURE_BUILTINS, SCALER, SCHEDULER
 from graphify.model import Rule
 
 FIXED_IN_PLACE = {"GFY401", "GFY251", "GFY422", "GFY501", "GFY411", "GFY412"}
@@ -275,9 +275,15 @@ def is_autocast(item: cst.WithItem, env: Env) -> bool:
     return isinstance(item.item, cst.Call) and (env.qualify(item.item.func) or "").endswith("autocast")
 
 
-def sets_lr(stmt: cst.CSTNode) -> bool:
+def sets_lr(stmt: cst.CSTNode, env: Env) -> bool:
+    """Whether it sets the optimizer's learning rate, by hand (`g["lr"] = lr`) or by an LR scheduler's step
+    without a metric (`scheduler.step()`): only the optimizer's step reads it, so it may run before the
+    whole step even where it stands between the backward and the optimizer's step."""
     for n in walk(stmt):
         if isinstance(n, cst.SimpleString) and n.value.strip("'\"") == "lr":
+            return True
+        m = method_call(n) if isinstance(n, cst.Call) else None
+        if m is not None and m[1] == "step" and not n.args and env.kind_of(m[0]) == SCHEDULER:
             return True
     return False
 

@@ -222,7 +222,7 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> 
             graph_writes |= writes
         elif rebound_later:
             _refuse_rebound([stmt], rebound_later, refuse)
-        elif names_read(stmt) & graph_writes or not sets_lr(stmt):
+        elif names_read(stmt) & graph_writes or not sets_lr(stmt, env):
             plan.after.append(i)
         else:
             plan.before.append(i)
