@@ -20,6 +20,11 @@ from graphify.analysis.vocabulary import PURE_BUILTINS, SCALER
 from graphify.model import Rule
 
 FIXED_IN_PLACE = {"GFY401", "GFY251", "GFY422", "GFY501", "GFY411", "GFY412"}
+# pattern rules whose findings the planner acts on, by code: a tensor built from host data in the step
+# (GFY201) and a host tensor copied to the device there (GFY302) are drawn before the call (draws.py); the
+# copy of a host factory's tensor gets `device=` instead (Plan.device_factories); the file's DDP models
+# (GFY613) are built on the capture stream (Plan.ddp_builds)
+HOST_DATA, HOST_TENSOR_COPY, DDP_MODEL_IN_STEP = "GFY201", "GFY302", "GFY613"
 SHAPE_METHODS = {"size", "dim", "numel"}
 
 

@@ -5,7 +5,7 @@ import libcst as cst
 from graphify.analysis.checker import code_of
 from graphify.analysis.calls import iter_nodes, method_call
 from graphify.analysis.names import dotted
-from graphify.analysis.vocabulary import ACCELERATOR, COLLECTIVE_HELPER, DDP
+from graphify.analysis.vocabulary import ACCELERATOR, COLLECTIVE_HELPER, DDP, SYNC_FLAG
 from graphify.rules.registry import rule
 
 COLLECTIVE = rule(
@@ -68,9 +68,6 @@ def _is_collective_helper(call: cst.Call, env, followed: set[int]) -> bool:
     if isinstance(call.func, cst.Attribute) and (env.is_tensor(call.func.value) or env.kind_of(call.func.value) is not None):
         return False
     return bool(call.args) and call.args[0].keyword is None and env.is_tensor(call.args[0].value)
-
-
-SYNC_FLAG = "require_backward_grad_sync"  # DDP's own switch, which `no_sync()` flips
 
 
 def _toggles_gradient_sync(node: cst.CSTNode) -> bool:

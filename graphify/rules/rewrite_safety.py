@@ -13,6 +13,7 @@ import libcst as cst
 from graphify.analysis.calls import is_delegated_step, is_model_call, is_periodic_gpu_branch, is_step_op, iter_nodes, method_call
 from graphify.analysis.checker import code_of
 from graphify.analysis.names import dotted
+from graphify.analysis.randomness import is_host_draw
 from graphify.analysis.statements import does_gpu_work, unguarded
 from graphify.analysis.vocabulary import ENV, SCALER
 from graphify.rules.registry import rule
@@ -87,19 +88,10 @@ FIXES = {
 }
 
 
-HOST_RANDOM = ("random.", "numpy.random.")  # modules whose calls draw from a host generator
 ENV_METHODS = {"step", "reset", "step_async", "step_wait", "render"}  # a (gym) environment simulating on the host
 _BUFFER_METHODS = {"add", "sample", "push", "extend", "store"}
 _BUFFER_CLASS = re.compile(r"\w*(Replay|Rollout)(Buffer|Memory)$")
 _BUFFER_NAME = re.compile(r"^(self\.)?(rb|replay_buffer|replay_memory|rollout_buffer)$")
-
-
-def is_host_draw(call: cst.Call, env) -> bool:
-    """Python or numpy RNG, or a gym space's `sample()` (`env.action_space.sample()`, numpy underneath)."""
-    if (env.qualify(call.func) or "").startswith(HOST_RANDOM):
-        return True
-    m = method_call(call)
-    return m is not None and m[1] == "sample" and isinstance(m[0], cst.Attribute) and m[0].attr.value.endswith("_space")
 
 
 def _is_replay_buffer(ck, receiver: cst.BaseExpression, env) -> bool:
