@@ -23,7 +23,7 @@ from graphify.analysis.statements import is_host_read_call, names_read, names_wr
 from graphify.analysis.tree import children
 from graphify.analysis.vocabulary import DDP, HOST_CLOCKS, MODEL, OPTIMIZER, PURE_BUILTINS, SCALER, SYNC_FLAG
 from graphify.plan.base import moved_statements
-from graphify.rules.rewrite_safety import HOST_SIDE_EFFECT, LOOP_SHAPE, MUTATED_STATE, ORDER
+from graphify.plan.refusals import HOST_SIDE_EFFECT, LOOP_SHAPE, MUTATED_STATE, ORDER
 
 # Calls whose effect lives on the host: capture runs them once, replays never.
 _IMPURE_PREFIXES = ("random.", "numpy.random.", "time.", "os.", "sys.", "datetime.", "secrets.", "uuid.", "pickle.", "json.", "shutil.")

@@ -32,11 +32,9 @@ from graphify.analysis.vocabulary import MODEL, OPTIMIZER, is_torch_tensor_call
 from graphify.plan import dataflow
 from graphify.plan.base import (
     EMPTY,
-    DDP_MODEL_IN_STEP,
     FIXED_IN_PLACE,
     HOST_TENSOR_COPY,
     Plan,
-    Refusal,
     ReplaceNodes,
     body_nodes_of,
     body_of,
@@ -60,12 +58,14 @@ from graphify.plan.base import (
 from graphify.plan.draws import drawn_nodes, plan_draws
 from graphify.plan.inputs import find_inputs_outputs, is_shape_value
 from graphify.plan.mutations import check_loop_mutations
-from graphify.rules.rewrite_safety import (
+from graphify.plan.refusals import (
+    DDP_MODEL,
     HOST_BRANCH_IN_STEP,
     LOOP_SHAPE,
     MUTATED_STATE,
     ORDER,
     PER_STEP_HOST_VALUE,
+    Refusal,
 )
 
 
@@ -131,7 +131,7 @@ def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refu
     plan.ddp_builds = {
         id(f.node)
         for f in findings
-        if f.rule.code == DDP_MODEL_IN_STEP
+        if f.rule is DDP_MODEL
         and f.module is loop.module
         and isinstance(f.node, cst.Call)
         and (f.module.aliases.qualify(f.node.func) or "").endswith("parallel.DistributedDataParallel")
