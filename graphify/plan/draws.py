@@ -23,7 +23,7 @@ from graphify.analysis.randomness import HOST_RANDOM, RANDOM_FACTORIES as _RANDO
 from graphify.analysis.statements import contains, names_read, names_written, walk
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
-from graphify.plan.base import EMPTY, HOST_DATA, HOST_TENSOR_COPY, Plan, ReplaceNodes, fresh_name
+from graphify.plan.base import HOST_DATA, HOST_TENSOR_COPY, Plan, ReplaceNodes, fresh_name
 
 # torch calls that build a new host tensor (or copy one) and change nothing else but the host generator
 _BUILDERS = _RANDOM | {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "eye", "arange", "linspace", "Variable"}
@@ -244,16 +244,6 @@ def drawn_value(plan: Plan, key: int) -> cst.BaseExpression:
         return name
     index = plan.draw_repeats[key][1]
     return cst.Subscript(name, [cst.SubscriptElement(cst.Index(cst.Name(index)))])
-
-
-def draw_statement(plan: Plan, key: int, step_name: str) -> cst.BaseStatement:
-    """`name = expr`; for a batch fetched in each pass of a micro-step loop, `name = step.fetch(lambda:
-    expr, k)`: the runtime fetches in pass order while the step runs eagerly, all k before a replay."""
-    name, expr = plan.draws[key]
-    code = EMPTY.code_for_node(expr)
-    if key in plan.draw_repeats:
-        code = f"{step_name}.fetch(lambda: {code}, {EMPTY.code_for_node(plan.draw_repeats[key][0])})"
-    return cst.parse_statement(f"{name} = {code}")
 
 
 def drawn_nodes(plan: Plan) -> set[int]:
