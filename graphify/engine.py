@@ -20,7 +20,7 @@ from graphify.analysis.tree import children, descendants, forget, nested_too_dee
 from graphify.files import python_syntax_error
 from graphify.model import Diagnostic, FileError, LoopReport, Related, Report, Verdict
 from graphify.plan import PartialPlan, Plan, Refusal, make_partial_plan, make_plan
-from graphify.rules.rewrite_safety import FIXES, HOST_SIDE_EFFECT, MUTATED_STATE, PER_STEP_HOST_VALUE
+from graphify.plan.refusals import FIXES, HOST_SIDE_EFFECT, MUTATED_STATE, PER_STEP_HOST_VALUE
 
 
 _CODE_FACTS = (PER_STEP_HOST_VALUE, HOST_SIDE_EFFECT, MUTATED_STATE)

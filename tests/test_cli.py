@@ -18,13 +18,14 @@ from cli_fakes import BAD_SCRIPT, CLEAN_SCRIPT, fake_analyze_source
 from click.testing import CliRunner
 
 import graphify.cli as cli
+import graphify.commands.check as check_command
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def fake_engine(monkeypatch):
-    monkeypatch.setattr(cli, "get_analyzer", lambda: fake_analyze_source)
+    monkeypatch.setattr(check_command, "get_analyzer", lambda: fake_analyze_source)
 
 
 @pytest.fixture
@@ -252,33 +253,33 @@ def test_exit_zero_does_not_hide_file_errors(project):
 
 
 def test_error_line_does_not_repeat_the_path():
-    assert cli.error_line("a.py", "a.py:3: syntax error: x") == "graphify: a.py:3: syntax error: x"
-    assert cli.error_line("a.py", "two\nlines") == "graphify: a.py: two lines"
+    assert check_command.error_line("a.py", "a.py:3: syntax error: x") == "graphify: a.py:3: syntax error: x"
+    assert check_command.error_line("a.py", "two\nlines") == "graphify: a.py: two lines"
 
 
 # --- the process pool ----------------------------------------------------------------------------
 
 
 def test_many_files_use_the_pool_and_match_serial(project, monkeypatch):
-    for i in range(cli.PARALLEL_THRESHOLD * 3):
+    for i in range(check_command.PARALLEL_THRESHOLD * 3):
         write(project / "pkg" / f"m{i:02}.py", BAD_SCRIPT if i % 2 else CLEAN_SCRIPT)
     write(project / "pkg" / "zz_crash.py", "RAISE_INTERNAL = 1\n")
     used = []
-    real = cli._analyze_in_pool
-    monkeypatch.setattr(cli, "_analyze_in_pool", lambda *a: used.append(1) or real(*a))
+    real = check_command._analyze_in_pool
+    monkeypatch.setattr(check_command, "_analyze_in_pool", lambda *a: used.append(1) or real(*a))
     parallel = run("check", "--format", "json", "-j", "3", "pkg")
     assert used == [1]
     serial = run("check", "--format", "json", "-j", "1", "pkg")
     assert used == [1]
     assert parallel.exit_code == serial.exit_code == 2
     assert parallel.stdout == serial.stdout
-    assert len(json.loads(parallel.stdout)["diagnostics"]) == cli.PARALLEL_THRESHOLD * 3 // 2
+    assert len(json.loads(parallel.stdout)["diagnostics"]) == check_command.PARALLEL_THRESHOLD * 3 // 2
 
 
 def test_few_files_stay_in_process(project, monkeypatch):
-    for i in range(cli.PARALLEL_THRESHOLD):
+    for i in range(check_command.PARALLEL_THRESHOLD):
         write(project / f"m{i}.py", BAD_SCRIPT)
-    monkeypatch.setattr(cli, "_analyze_in_pool", lambda *a: pytest.fail("pool used"))
+    monkeypatch.setattr(check_command, "_analyze_in_pool", lambda *a: pytest.fail("pool used"))
     assert run("check", ".").exit_code == 1
 
 
@@ -318,7 +319,7 @@ def test_unknown_rule():
 
 def _engine_available() -> bool:
     try:
-        cli.get_analyzer()
+        check_command.get_analyzer()
     except ImportError:
         return False
     return True
@@ -373,9 +374,9 @@ def test_no_color_unless_tty(tmp_path):
 def test_no_color_env(monkeypatch):
     tty = type("T", (), {"isatty": lambda self: True})()
     monkeypatch.setenv("NO_COLOR", "1")
-    assert cli._want_color(tty) is False
+    assert check_command._want_color(tty) is False
     monkeypatch.setenv("NO_COLOR", "")
-    assert cli._want_color(tty) is True
+    assert check_command._want_color(tty) is True
 
 
 # --- the conventions of ruff ---------------------------------------------------------------------

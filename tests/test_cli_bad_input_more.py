@@ -17,6 +17,7 @@ from cli_fakes import BAD_SCRIPT, CLEAN_SCRIPT, fake_analyze_source
 from click.testing import CliRunner
 
 import graphify.cli as cli
+import graphify.commands.check as check_command
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NOTEBOOK = FIXTURES / "notebooks" / "train_classifier.ipynb"
@@ -26,7 +27,7 @@ REWRITTEN = FIXTURES / "notebooks" / "train_classifier.rewritten.ipynb"
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "get_analyzer", lambda: fake_analyze_source)
+    monkeypatch.setattr(check_command, "get_analyzer", lambda: fake_analyze_source)
     return tmp_path
 
 
@@ -148,11 +149,11 @@ def test_check_warns_of_unknown_codes_in_suppression_comments_without_failing(pr
 
 
 def test_unknown_codes_are_warned_of_from_the_worker_processes_too(project):
-    for n in range(cli.PARALLEL_THRESHOLD + 2):
+    for n in range(check_command.PARALLEL_THRESHOLD + 2):
         write(project / f"m{n}.py", "x = 1  # graphify: ignore[GFY999]\n")
     result = run("check", "--jobs", "2", ".")
     assert result.exit_code == 0, result.output
-    assert len(result.stderr.splitlines()) == cli.PARALLEL_THRESHOLD + 2
+    assert len(result.stderr.splitlines()) == check_command.PARALLEL_THRESHOLD + 2
     assert all(
         line.endswith("unknown rule code 'GFY999' in a suppression comment; it suppresses nothing") for line in result.stderr.splitlines()
     )

@@ -4,8 +4,9 @@
 `make_partial_plan` the plan to graph only the model's forward and backward.
 """
 
-from graphify.plan.base import FIXED_IN_PLACE, Plan, Refusal, body_of
+from graphify.plan.base import FIXED_IN_PLACE, Plan, body_of
 from graphify.plan.partial import PartialPlan, make_partial_plan
+from graphify.plan.refusals import Refusal
 from graphify.plan.whole import make_plan
 
 __all__ = ["FIXED_IN_PLACE", "PartialPlan", "Plan", "Refusal", "body_of", "make_partial_plan", "make_plan"]

@@ -1,4 +1,4 @@
-"""What every plan shares: the Plan and Refusal types, and small facts about statements of the loop body."""
+"""What every plan shares: the Plan type, and small facts about statements of the loop body."""
 
 from __future__ import annotations
 
@@ -17,26 +17,16 @@ from graphify.analysis.statements import (
 )
 from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import PURE_BUILTINS, SCALER, SCHEDULER
-from graphify.model import Rule
 
 FIXED_IN_PLACE = {"GFY401", "GFY251", "GFY422", "GFY501", "GFY411", "GFY412"}
+# pattern rules whose findings the planner acts on, by code: a tensor built from host data in the step
+# (GFY201) and a host tensor copied to the device there (GFY302) are drawn before the call (draws.py); the
+# copy of a host factory's tensor gets `device=` instead (Plan.device_factories)
+HOST_DATA, HOST_TENSOR_COPY = "GFY201", "GFY302"
 SHAPE_METHODS = {"size", "dim", "numel"}
 
 
 EMPTY = cst.Module([])
-
-
-class Refusal(Exception):
-    """Why a loop is not rewritten: a rule code, a message, and where (None: the loop itself).
-    `certain`: the code does what the rule says (False: the planner cannot tell, and refuses to be safe)."""
-
-    def __init__(self, rule: Rule, message: str, node: cst.CSTNode | None = None, certain: bool = True) -> None:
-        super().__init__(message)
-        self.rule, self.node, self.certain = rule, node, certain
-
-    @property
-    def reason(self) -> str:
-        return self.rule.code
 
 
 @dataclass

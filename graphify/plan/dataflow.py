@@ -18,12 +18,12 @@ from graphify.analysis.logging_calls import is_logging_call
 from graphify.analysis.containers import makes_container
 from graphify.analysis.region import Site
 from graphify.analysis.names import dotted
+from graphify.analysis.randomness import DEVICE_RANDOM, RANDOM_FACTORIES
 from graphify.analysis.statements import is_host_read_call, names_read, names_written, walk
 from graphify.analysis.tree import children
-from graphify.analysis.vocabulary import DDP, HOST_CLOCKS, MODEL, OPTIMIZER, PURE_BUILTINS, SCALER
+from graphify.analysis.vocabulary import DDP, HOST_CLOCKS, MODEL, OPTIMIZER, PURE_BUILTINS, SCALER, SYNC_FLAG
 from graphify.plan.base import moved_statements
-from graphify.rules.distributed import SYNC_FLAG
-from graphify.rules.rewrite_safety import HOST_SIDE_EFFECT, LOOP_SHAPE, MUTATED_STATE, ORDER
+from graphify.plan.refusals import HOST_SIDE_EFFECT, LOOP_SHAPE, MUTATED_STATE, ORDER
 
 # Calls whose effect lives on the host: capture runs them once, replays never.
 _IMPURE_PREFIXES = ("random.", "numpy.random.", "time.", "os.", "sys.", "datetime.", "secrets.", "uuid.", "pickle.", "json.", "shutil.")
@@ -333,7 +333,7 @@ def _moved_effect(n, site, later: set[str], followed: set[int]) -> str | None:
         return None
     if qual.startswith("torch.") and qual.split(".")[-1] in _PROCESS_STATE:
         return f"`{code}` changes what the step runs under (grad mode, random seeds, defaults)"
-    if qual.split(".")[-1] in _DEVICE_RANDOM or (qual.startswith("torch.") and qual.split(".")[-1] in RANDOM_FACTORIES and _on_device(n)):
+    if qual.split(".")[-1] in DEVICE_RANDOM or (qual.startswith("torch.") and qual.split(".")[-1] in RANDOM_FACTORIES and _on_device(n)):
         return f"`{code}` draws from the device's random generator, whose order the step shares"
     if qual.startswith("torch.") or (qual.startswith("numpy.") and not qual.startswith("numpy.random.")):
         return None
@@ -362,8 +362,6 @@ def _owner_in_loop_body(target: cst.Attribute, site) -> str | None:
 
 _PROCESS_STATE = {"set_grad_enabled", "manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state", "set_rng_state_all"}
 _PROCESS_STATE |= {"set_default_dtype", "set_default_device", "use_deterministic_algorithms", "set_autocast_enabled"}
-RANDOM_FACTORIES = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson"}
-_DEVICE_RANDOM = {"rand_like", "randn_like", "randint_like", "dropout", "uniform_", "normal_", "bernoulli_"}
 
 
 def _on_device(call: cst.Call) -> bool:

@@ -18,14 +18,12 @@ import libcst as cst
 
 from graphify.analysis.checker import Finding, kwarg, removable
 from graphify.analysis.calls import method_call
+from graphify.analysis.devices import is_device_copy, legacy_tensor_type
+from graphify.analysis.randomness import HOST_RANDOM, RANDOM_FACTORIES as _RANDOM
 from graphify.analysis.statements import contains, names_read, names_written, walk
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
-from graphify.plan.base import EMPTY, Plan, ReplaceNodes, fresh_name
-from graphify.plan.dataflow import RANDOM_FACTORIES as _RANDOM
-from graphify.rules.allocation import HOST_DATA
-from graphify.rules.devices import HOST_TENSOR_COPY, is_device_copy, legacy_tensor_type
-from graphify.rules.rewrite_safety import HOST_RANDOM
+from graphify.plan.base import HOST_DATA, HOST_TENSOR_COPY, Plan, ReplaceNodes, fresh_name
 
 # torch calls that build a new host tensor (or copy one) and change nothing else but the host generator
 _BUILDERS = _RANDOM | {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "eye", "arange", "linspace", "Variable"}
@@ -43,7 +41,7 @@ def plan_draws(plan: Plan, body: list[cst.BaseStatement], findings: list[Finding
     parents: dict[int, dict[int, cst.CSTNode]] = {}  # statement index -> its parent map, made once
     by_stmt: dict[int, list[cst.BaseExpression]] = {}
     for f in findings:
-        if not ((f.rule is HOST_TENSOR_COPY or f.rule is HOST_DATA) and not removable(f)):
+        if not ((f.rule.code in (HOST_TENSOR_COPY, HOST_DATA)) and not removable(f)):
             continue
         index = next((i for i in plain if id(f.node) in ids[i]), None)
         if index is not None:
@@ -246,16 +244,6 @@ def drawn_value(plan: Plan, key: int) -> cst.BaseExpression:
         return name
     index = plan.draw_repeats[key][1]
     return cst.Subscript(name, [cst.SubscriptElement(cst.Index(cst.Name(index)))])
-
-
-def draw_statement(plan: Plan, key: int, step_name: str) -> cst.BaseStatement:
-    """`name = expr`; for a batch fetched in each pass of a micro-step loop, `name = step.fetch(lambda:
-    expr, k)`: the runtime fetches in pass order while the step runs eagerly, all k before a replay."""
-    name, expr = plan.draws[key]
-    code = EMPTY.code_for_node(expr)
-    if key in plan.draw_repeats:
-        code = f"{step_name}.fetch(lambda: {code}, {EMPTY.code_for_node(plan.draw_repeats[key][0])})"
-    return cst.parse_statement(f"{name} = {code}")
 
 
 def drawn_nodes(plan: Plan) -> set[int]:

@@ -16,7 +16,7 @@ from graphify.analysis.values import Env
 from graphify.plan import dataflow
 from graphify.plan.base import Plan, if_chain, is_shape_read, rebound_in_loop, split_branches
 from graphify.plan.draws import replace_draws
-from graphify.rules.rewrite_safety import (
+from graphify.plan.refusals import (
     HOST_BRANCH_IN_STEP,
     LOOP_SHAPE,
     PER_STEP_HOST_VALUE,

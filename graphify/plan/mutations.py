@@ -18,7 +18,7 @@ from graphify.analysis.vocabulary import OPTIMIZER, SCHEDULER
 from graphify.analysis.statements import names_read, names_written, walk
 from graphify.plan.base import moved_statements
 from graphify.plan.dataflow import attribute_targets, captured_nodes, target_parts
-from graphify.rules.rewrite_safety import MUTATED_STATE
+from graphify.plan.refusals import MUTATED_STATE
 
 
 # methods of dicts, lists and deques that change the container in place

@@ -13,10 +13,9 @@ from graphify.analysis.region import Loop
 from graphify.analysis.statements import names_written, unguarded, walk
 from graphify.analysis.vocabulary import DDP, MODEL
 from graphify.model import Rule
-from graphify.plan.base import Refusal, body_of
+from graphify.plan.base import body_of
 from graphify.plan.dataflow import attribute_targets, is_host_expression
-from graphify.rules.distributed import DDP_MODEL
-from graphify.rules.rewrite_safety import LOOP_SHAPE
+from graphify.plan.refusals import DDP_MODEL, LOOP_SHAPE, Refusal
 
 # What the eager code around the graphed models may not do: change attributes or modes the graphed
 # forward may read (items written into an array the loop's function made, and the forward does not

@@ -13,6 +13,7 @@ import libcst as cst
 
 from graphify.analysis.checker import Finding, removable
 from graphify.analysis.calls import is_backward, is_model_call, is_step_op, method_call
+from graphify.analysis.devices import device_for_factory
 from graphify.analysis.names import dotted
 from graphify.analysis.region import Loop
 from graphify.analysis.statements import (
@@ -32,8 +33,8 @@ from graphify.plan import dataflow
 from graphify.plan.base import (
     EMPTY,
     FIXED_IN_PLACE,
+    HOST_TENSOR_COPY,
     Plan,
-    Refusal,
     ReplaceNodes,
     body_nodes_of,
     body_of,
@@ -57,14 +58,14 @@ from graphify.plan.base import (
 from graphify.plan.draws import drawn_nodes, plan_draws
 from graphify.plan.inputs import find_inputs_outputs, is_shape_value
 from graphify.plan.mutations import check_loop_mutations
-from graphify.rules.devices import HOST_TENSOR_COPY, device_for_factory
-from graphify.rules.distributed import DDP_MODEL
-from graphify.rules.rewrite_safety import (
+from graphify.plan.refusals import (
+    DDP_MODEL,
     HOST_BRANCH_IN_STEP,
     LOOP_SHAPE,
     MUTATED_STATE,
     ORDER,
     PER_STEP_HOST_VALUE,
+    Refusal,
 )
 
 
@@ -125,7 +126,7 @@ def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refu
     dataflow.check_captured_code(plan, body, refuse)
     _check_breakers(plan, findings, body, refuse)
     plan.device_factories = {
-        id(f.node): device_for_factory(f.node, f.module.aliases) for f in findings if f.rule is HOST_TENSOR_COPY and removable(f)
+        id(f.node): device_for_factory(f.node, f.module.aliases) for f in findings if f.rule.code == HOST_TENSOR_COPY and removable(f)
     }
     plan.ddp_builds = {
         id(f.node)
@@ -460,7 +461,7 @@ def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStat
     for f in findings:
         if (f.rule.code in FIXED_IN_PLACE and removable(f)) or id(f.node) in plan.hoisted_reads or id(f.node) in drawn:
             continue
-        if f.rule is HOST_TENSOR_COPY and removable(f):  # its factory gets `device=` (plan.device_factories)
+        if f.rule.code == HOST_TENSOR_COPY and removable(f):  # its factory gets `device=` (plan.device_factories)
             continue
         anchors = body_nodes_of(plan, f.node)  # a function the body calls twice: each call
         if not removable(f):

@@ -9,7 +9,7 @@ import libcst as cst
 
 from graphify.analysis.names import dotted
 from graphify.plan import PartialPlan, Plan
-from graphify.plan.draws import draw_statement, drawn_value
+from graphify.plan.draws import drawn_value
 from graphify.plan.base import if_chain, split_branches, step_statements
 
 CAPTURED_STEP, GRAPHED_MODULE, DDP_BUILDER = "CapturedStep", "GraphedModule", "build_on_capture_stream"
@@ -73,9 +73,19 @@ def _clones(plan: Plan, step_name: str) -> list[cst.BaseStatement]:
     ]
 
 
+def _draw_statement(plan: Plan, key: int, step_name: str) -> cst.BaseStatement:
+    """`name = expr`; for a batch fetched in each pass of a micro-step loop, `name = step.fetch(lambda:
+    expr, k)`: the runtime fetches in pass order while the step runs eagerly, all k before a replay."""
+    name, expr = plan.draws[key]
+    code = _EMPTY.code_for_node(expr)
+    if key in plan.draw_repeats:
+        code = f"{step_name}.fetch(lambda: {code}, {_EMPTY.code_for_node(plan.draw_repeats[key][0])})"
+    return cst.parse_statement(f"{name} = {code}")
+
+
 def _draws(plan: Plan, step_name: str) -> list[cst.BaseStatement]:
     """What the step takes from the host, taken before the call in the order the source takes it."""
-    draws = [draw_statement(plan, key, step_name) for key in plan.draws]
+    draws = [_draw_statement(plan, key, step_name) for key in plan.draws]
     if draws:
         why = (
             "batches the micro-steps fetch: in pass order while the step runs eagerly, all before a replay"

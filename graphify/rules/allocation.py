@@ -4,7 +4,7 @@ import libcst as cst
 
 from graphify.analysis.checker import code_of
 from graphify.analysis.calls import iter_nodes
-from graphify.rules.devices import legacy_tensor_type
+from graphify.analysis.devices import legacy_tensor_type
 from graphify.rules.registry import rule
 
 HOST_DATA = rule(

@@ -5,21 +5,14 @@ import libcst as cst
 from graphify.analysis.checker import code_of
 from graphify.analysis.calls import iter_nodes, method_call
 from graphify.analysis.names import dotted
-from graphify.analysis.vocabulary import ACCELERATOR, COLLECTIVE_HELPER, DDP
+from graphify.analysis.vocabulary import ACCELERATOR, COLLECTIVE_HELPER, DDP, SYNC_FLAG
+from graphify.plan.refusals import DDP_MODEL
 from graphify.rules.registry import rule
 
 COLLECTIVE = rule(
     "GFY611", "collective-in-step", "distributed", "error", "`torch.distributed` collectives and barriers need NCCL capture setup", False
 )
 NO_SYNC = rule("GFY612", "ddp-no-sync", "distributed", "error", "DDP `no_sync()` switches gradient sync per step on the host", False)
-DDP_MODEL = rule(
-    "GFY613",
-    "ddp-model-in-step",
-    "distributed",
-    "error",
-    "a DistributedDataParallel model needs side-stream construction and 11 warmup steps",
-    True,
-)
 
 RULES = (COLLECTIVE, NO_SYNC, DDP_MODEL)
 
@@ -68,9 +61,6 @@ def _is_collective_helper(call: cst.Call, env, followed: set[int]) -> bool:
     if isinstance(call.func, cst.Attribute) and (env.is_tensor(call.func.value) or env.kind_of(call.func.value) is not None):
         return False
     return bool(call.args) and call.args[0].keyword is None and env.is_tensor(call.args[0].value)
-
-
-SYNC_FLAG = "require_backward_grad_sync"  # DDP's own switch, which `no_sync()` flips
 
 
 def _toggles_gradient_sync(node: cst.CSTNode) -> bool:

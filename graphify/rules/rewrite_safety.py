@@ -1,9 +1,9 @@
 """rewrite-safety: why `graphify rewrite` leaves a loop alone when capture would change its training.
 
-GFY701-706 are decided by the rewrite planner's dataflow rule (graphify/plan/dataflow.py), not by
-a pattern of their own: `check` reports every per-step host value, host side effect and mutated state
-(GFY701-703) the planner finds, and the reason that decides a loop's verdict. GFY707 is a pattern:
-the step handed to code the analysis cannot see.
+GFY701-706 are the rewrite planner's refusals, defined with it (graphify/plan/refusals.py) and
+registered here: `check` reports every per-step host value, host side effect and mutated state
+(GFY701-703) the planner finds, and the reason that decides a loop's verdict; the patterns below report
+some of GFY701-703 too. GFY707 is a pattern: the step handed to code the analysis cannot see.
 """
 
 import re
@@ -13,58 +13,19 @@ import libcst as cst
 from graphify.analysis.calls import is_delegated_step, is_model_call, is_periodic_gpu_branch, is_step_op, iter_nodes, method_call
 from graphify.analysis.checker import code_of
 from graphify.analysis.names import dotted
+from graphify.analysis.randomness import is_host_draw
 from graphify.analysis.statements import does_gpu_work, unguarded
 from graphify.analysis.vocabulary import ENV, SCALER
+from graphify.plan.refusals import (
+    FIXES,
+    HOST_BRANCH_IN_STEP,
+    HOST_SIDE_EFFECT,
+    LOOP_SHAPE,
+    MUTATED_STATE,
+    ORDER,
+    PER_STEP_HOST_VALUE,
+)
 from graphify.rules.registry import rule
-
-PER_STEP_HOST_VALUE = rule(
-    "GFY701",
-    "per-step-host-value",
-    "rewrite-safety",
-    "error",
-    "the step reads a Python value that changes between steps; capture would freeze it",
-    False,
-)
-HOST_SIDE_EFFECT = rule(
-    "GFY702",
-    "host-side-effect-in-step",
-    "rewrite-safety",
-    "error",
-    "the step calls something with host side effects (`next`, `random`, numpy RNG, time, I/O); capture would run it once",
-    True,  # only host draws that build the step's inputs: the rewrite draws them before each replay
-)
-MUTATED_STATE = rule(
-    "GFY703",
-    "mutated-host-state",
-    "rewrite-safety",
-    "error",
-    "an attribute or module mode the step depends on is changed in the loop or inside the step",
-    False,
-)
-ORDER = rule(
-    "GFY704",
-    "order-dependent-host-statement",
-    "rewrite-safety",
-    "error",
-    "a host statement inside the step cannot move out of it without changing the order of effects",
-    False,
-)
-HOST_BRANCH_IN_STEP = rule(
-    "GFY705",
-    "host-branch-with-else-in-step",
-    "rewrite-safety",
-    "error",
-    "a host `if` inside the step with an `elif`, on one line, with host statements in its `else`, or alone binding a value read after the step; one graph per outcome is not built for it",
-    False,
-)
-LOOP_SHAPE = rule(
-    "GFY706",
-    "unsupported-loop-shape",
-    "rewrite-safety",
-    "error",
-    "the loop's shape is not one the rewrite handles (`else:` clause, step outside the loop body, GradScaler step before backward, a function defined in the loop)",
-    False,
-)
 
 OPAQUE_STEP = rule(
     "GFY707",
@@ -77,29 +38,11 @@ OPAQUE_STEP = rule(
 
 RULES = (PER_STEP_HOST_VALUE, HOST_SIDE_EFFECT, MUTATED_STATE, ORDER, HOST_BRANCH_IN_STEP, LOOP_SHAPE, OPAQUE_STEP)
 
-FIXES = {
-    "GFY701": "keep the value on the device and update it in place before the step (`t.fill_(value)`), or make it constant for the loop",
-    "GFY702": "fetch batches and draw host random numbers before the step; draw random numbers on the device inside it",
-    "GFY703": "keep such state on the device, or constant for the loop; change modes outside the step",
-    "GFY704": "put host work before the forward pass or after the optimizer step",
-    "GFY705": "write the branch as `if`/`else` whose branches only launch GPU work, or move it out of the step",
-    "GFY706": "keep the step in the loop body (not in functions defined in the loop), and `else:` logic after the loop",
-}
 
-
-HOST_RANDOM = ("random.", "numpy.random.")  # modules whose calls draw from a host generator
 ENV_METHODS = {"step", "reset", "step_async", "step_wait", "render"}  # a (gym) environment simulating on the host
 _BUFFER_METHODS = {"add", "sample", "push", "extend", "store"}
 _BUFFER_CLASS = re.compile(r"\w*(Replay|Rollout)(Buffer|Memory)$")
 _BUFFER_NAME = re.compile(r"^(self\.)?(rb|replay_buffer|replay_memory|rollout_buffer)$")
-
-
-def is_host_draw(call: cst.Call, env) -> bool:
-    """Python or numpy RNG, or a gym space's `sample()` (`env.action_space.sample()`, numpy underneath)."""
-    if (env.qualify(call.func) or "").startswith(HOST_RANDOM):
-        return True
-    m = method_call(call)
-    return m is not None and m[1] == "sample" and isinstance(m[0], cst.Attribute) and m[0].attr.value.endswith("_space")
 
 
 def _is_replay_buffer(ck, receiver: cst.BaseExpression, env) -> bool:
