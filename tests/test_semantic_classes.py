@@ -1392,3 +1392,45 @@ def test_an_lr_set_between_backward_and_optimizer_step_runs_before_the_replay(na
 def test_a_scheduler_step_fed_the_steps_values_is_not_moved_before_it(call):
     result = _outcomes(_LR_BETWEEN.format(lr=call).replace("scheduler, device", "scheduler, device, noise_scheduler=None"))
     assert [o.rewritten and not o.model_only for o in _train_loops(result)] == [False]
+
+
+# ---- gradients unset by hand in the step are zero_grad(set_to_none=True) ----------------------------
+
+_UNSET_IN_HELPER = """
+def train_batch(model, opt, x, y):
+    {unset}
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def train(model, loader, opt, device, accumulate):
+    for i, (x, y) in enumerate(loader):
+        x, y = x.to(device), y.to(device)
+        {call}
+        print(loss.item())
+"""
+
+_UNSETS = {
+    "every_parameter": "for p in model.parameters():\n        p.grad = None",
+    "named_parameters": "for _, p in model.named_parameters():\n        p.grad = None",
+    "one_tensor": "model.weight.grad = None",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_UNSETS))
+def test_gradients_unset_by_hand_inside_the_step_are_captured_with_it(name):
+    source = _UNSET_IN_HELPER.format(unset=_UNSETS[name], call="loss = train_batch(model, opt, x, y)")
+    assert "GFY703" not in _codes(source)
+    assert [(o.rewritten, o.model_only) for o in _train_loops(_outcomes(source))] == [(True, False)]
+
+
+def test_gradients_unset_by_hand_in_a_keyed_step_stay_refused():
+    """Graphs keyed on a host condition share their gradients, kept zeroed rather than unset."""
+    source = _UNSET_IN_HELPER.replace("    opt.step()\n", "").format(
+        unset=_UNSETS["every_parameter"],
+        call="loss = train_batch(model, opt, x, y)\n        if (i + 1) % accumulate == 0:\n            opt.step()",
+    )
+    loops = _train_loops(_outcomes(source))
+    assert [(o.rewritten and not o.model_only, o.reasons) for o in loops] == [(False, ["GFY703"])]

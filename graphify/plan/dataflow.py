@@ -156,7 +156,17 @@ def check_captured_code(plan, body, refuse) -> None:
                     continue  # DDP's sync switch: GFY612 says whether it is set alike on every step
                 if isinstance(node, cst.AugAssign) and env.is_tensor(t):
                     continue  # `self.initialized += 1` on a buffer: an in-place op on the device, which replays repeat
+                if _unsets_gradient(node, t) and not plan.keys:
+                    continue  # `p.grad = None`: zero_grad(set_to_none=True) by hand, the backward captured after it writes anew
                 refuse(MUTATED_STATE, node, f"the step assigns `{dotted(t) or 'an attribute'}`, a host state change replays would not make")
+
+
+def _unsets_gradient(node: cst.CSTNode, target: cst.Attribute) -> bool:
+    """`param.grad = None`: what `zero_grad(set_to_none=True)` does to each parameter. Captured, the backward
+    after it writes fresh gradients at capture and the same tensors at every replay, as eager's backward
+    writes new ones. A step keyed on a host condition shares its gradients between graphs: there they are
+    zeroed, never unset (emit's set_to_none=False), which an assignment cannot be turned into."""
+    return isinstance(node, cst.Assign) and target.attr.value == "grad" and isinstance(node.value, cst.Name) and node.value.value == "None"
 
 
 def _replayed_mode_call(call: cst.Call, env) -> bool:
