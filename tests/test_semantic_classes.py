@@ -1434,3 +1434,129 @@ def test_gradients_unset_by_hand_in_a_keyed_step_stay_refused():
     )
     loops = _train_loops(_outcomes(source))
     assert [(o.rewritten and not o.model_only, o.reasons) for o in loops] == [(False, ["GFY703"])]
+
+
+# ---- modules run through containers are read like modules called by name ------------------------------
+
+_CONTAINED = """
+class Norm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("initialized", torch.tensor(0).byte())
+        self.scale = nn.Parameter(torch.ones(8))
+
+    def forward(self, x):
+        if not self.initialized:
+            self.initialized += 1
+        return x * self.scale
+
+
+class Plain(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+{container}
+
+def train(loader, device):
+    model = Net().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+_CONTAINERS = {
+    "sequential_called_whole": """
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.main = nn.Sequential(nn.Linear(8, 8), Plain(), {module}(), nn.ReLU())
+
+    def forward(self, x):
+        return self.main(x)
+""",
+    "module_list_of_mixed_layers": """
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 8), Plain(), {module}()])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+""",
+    "sequential_subclass_iterating_itself": """
+class Chain(nn.Sequential):
+    def forward(self, x):
+        for module in self:
+            x = module(x)
+        return x
+
+
+class Step(Chain):
+    def __init__(self):
+        super().__init__(nn.Linear(8, 8), {module}())
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.steps = Chain(*[Step() for _ in range(2)])
+
+    def forward(self, x):
+        return self.steps(x)
+""",
+    "six_calls_deep": """
+class L5(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = {module}()
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class L4(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = L5()
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class L3(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = L4()
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = L3()
+
+    def forward(self, x):
+        return self.log_prob(x)
+
+    def log_prob(self, x):
+        return self.inner(x)
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CONTAINERS))
+def test_a_module_run_through_a_container_is_read(name):
+    flagged = _CONTAINED.format(container=_CONTAINERS[name].format(module="Norm"))
+    clean = _CONTAINED.format(container=_CONTAINERS[name].format(module="Plain"))
+    assert "GFY101" in _codes(flagged)
+    assert [o.rewritten and not o.model_only for o in _train_loops(_outcomes(flagged))] == [False]
+    assert "GFY101" not in _codes(clean)
+    assert [(o.rewritten, o.model_only) for o in _train_loops(_outcomes(clean))] == [(True, False)]

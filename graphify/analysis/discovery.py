@@ -30,10 +30,11 @@ from graphify.analysis.calls import (
 )
 from graphify.analysis.hand_capture import CAPTURED, SKIPPED, captured_kind, hand_capture_role
 from graphify.analysis.region import Block, Loop, Region, Site
+from graphify.analysis.submodules import container_items, iterables_binding, iterates_submodules, module_classes_called
 from graphify.analysis.rewritten import is_runtime_helper, runtime_helper_assignments
 from graphify.analysis.targets import seed_loop_target
 
-MAX_CALL_DEPTH = 4
+MAX_CALL_DEPTH = 8
 # Tested with `type(n) in`, as calls._SKIP (why: there).
 LOOPS = frozenset({cst.For, cst.While})
 _SKIP = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
@@ -93,7 +94,7 @@ class ModuleAnalysis:
                 direct_models
                 and not self._has_step_anywhere(body, node)
                 and self._under_no_grad(node, func, ancestors, env)
-                and not _iterates_submodules(node, env)
+                and not iterates_submodules(node, env)
             ):
                 region = self._region(body, node, include_nested=lambda *a: False)
                 found.append(Loop(node, func, "inference", region, ancestors))
@@ -278,7 +279,7 @@ class ModuleAnalysis:
             if made is not None:
                 return env.module.classes[made]
         if name is not None and "." not in name:  # `for level in self.levels: level(x)` over an nn.ModuleList
-            for iterable in _iterables_binding(name, env):
+            for iterable in iterables_binding(name, env):
                 cls = self._element_class(iterable, env, depth + 1)
                 if cls is not None:
                     return cls
@@ -290,17 +291,26 @@ class ModuleAnalysis:
         name = dotted(container)
         values = env.values_of(name) if name else [container]
         for value in values:
-            items = _container_items(value, env)
+            items = container_items(value, env)
             classes = {class_made(item, env.module.classes) for item in items}
             if items and len(classes) == 1 and None not in classes:
                 return env.module.classes[classes.pop()]
         return None
 
-    def _callee_block(self, call: cst.Call, caller: Block) -> Block | None:
-        resolved = self.callee(call, caller.env)
-        if resolved is None:
-            return None
-        info, bound = resolved
+    def callees(self, call: cst.Call, env: Env) -> list[tuple[FunctionInfo, bool]]:
+        """The analysed functions a call runs: the one `callee` finds, or the forward of every module of this
+        file that a call of a container of modules runs (submodules.module_classes_called)."""
+        resolved = self.callee(call, env)
+        if resolved is not None:
+            return [resolved]
+        module = env.module
+        forwards = [(module.method(cls, "forward"), cls) for cls in module_classes_called(call.func, env)] if module is not None else []
+        return [(module.function_info(fwd, cls), True) for fwd, cls in forwards if fwd is not None]
+
+    def _callee_blocks(self, call: cst.Call, caller: Block) -> list[Block]:
+        return [self._callee_block(call, caller, info, bound) for info, bound in self.callees(call, caller.env)]
+
+    def _callee_block(self, call: cst.Call, caller: Block, info: FunctionInfo, bound: bool) -> Block:
         env, seeds = self._bound_env(info, bound, call, caller.env)
         if isinstance(call.func, cst.Name) and self._closure(call.func.value, caller.env) is info:
             bind_free_names(info, env, caller.env, seeds)
@@ -343,12 +353,12 @@ class ModuleAnalysis:
             if node is not loop:
                 yield node, Site(block, ancestors)
             if follow and isinstance(node, cst.Call) and depth < MAX_CALL_DEPTH and not self._in_periodic_branch(ancestors, block):
-                callee = self._callee_block(node, block)
-                if callee is not None and id(callee.func.node) not in visited:
-                    visited.add(id(callee.func.node))
-                    pending.append(callee)
-                elif callee is not None and repeats is not None:
-                    repeats.setdefault(id(callee.func.node), []).append((node, Site(block, ancestors)))
+                for callee in self._callee_blocks(node, block):
+                    if id(callee.func.node) not in visited:
+                        visited.add(id(callee.func.node))
+                        pending.append(callee)
+                    elif repeats is not None:
+                        repeats.setdefault(id(callee.func.node), []).append((node, Site(block, ancestors)))
             child_ancestors = ancestors + (node,)
             kids = children(node)
             if isinstance(node, cst.For) and node is loop:
@@ -458,51 +468,6 @@ class ModuleAnalysis:
             if isinstance(a, cst.If) and is_periodic_gpu_branch(a, block.env):
                 return True
         return False
-
-
-_MODULE_CONTAINERS = ("ModuleList", "Sequential", "ModuleDict")
-
-
-def _iterates_submodules(loop: cst.For | cst.While, env: Env) -> bool:
-    """`for module in self:`, `for layer in self.layers:` (an nn.ModuleList): a forward pass through a
-    model's layers, not a loop of steps."""
-    if not isinstance(loop, cst.For):
-        return False
-    name = dotted(_item_and_container(loop)[1]) or ""
-    if name == "self":
-        return True
-    made = [v for v in env.values_of(name) if isinstance(v, cst.Call)] if name.startswith("self.") else []
-    return bool(made) and all((env.qualify(v.func) or "").endswith(_MODULE_CONTAINERS) for v in made)
-
-
-def _iterables_binding(name: str, env: Env) -> list[cst.BaseExpression]:
-    """What `for name in ...` loops of the function iterate (through `enumerate` and `reversed`)."""
-    body = getattr(env.func, "node", None)
-    loops = [n for n in descendants(body) if isinstance(n, cst.For)] if body is not None else []
-    return [it for target, it in map(_item_and_container, loops) if isinstance(target, cst.Name) and target.value == name]
-
-
-def _item_and_container(loop: cst.For) -> tuple[cst.BaseExpression, cst.BaseExpression]:
-    """What a `for` binds to each item, and what it takes the items from, through `enumerate` and
-    `reversed`: (`layer`, `self.layers`) for `for i, layer in enumerate(self.layers)`."""
-    target, it = loop.target, loop.iter
-    while isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.func.value in ("enumerate", "reversed") and it.args:
-        if it.func.value == "enumerate" and isinstance(target, cst.Tuple) and len(target.elements) == 2:
-            target = target.elements[1].value
-        it = it.args[0].value
-    return target, it
-
-
-def _container_items(value: cst.BaseExpression, env: Env) -> list[cst.BaseExpression]:
-    if isinstance(value, (cst.List, cst.Tuple)):
-        return [e.value for e in value.elements]
-    if isinstance(value, cst.ListComp):
-        return [value.elt]
-    if isinstance(value, cst.Call) and (env.qualify(value.func) or "").endswith(_MODULE_CONTAINERS) and value.args:
-        if len(value.args) == 1 and not value.args[0].star:
-            return _container_items(value.args[0].value, env)
-        return [item for a in value.args for item in (_container_items(a.value, env) if a.star else [a.value])]
-    return []
 
 
 def _called_name(call: cst.Call) -> str | None:
