@@ -85,3 +85,13 @@ def add_print_after_step(source: str) -> str | None:
         s, "", 'print("step loss", {loss}.item(), file=sys.stderr)', [], "" if has_sys else "import sys\n", needs=(_prints,)
     )
     return out
+
+
+@transformation
+def add_progress_bar(source: str) -> str | None:
+    """Loops that already print get a progress bar (`status_`, a name that does not say so) showing each step's loss."""
+    s = script(source)
+    after = 'status_.set_description(f"loss {{{loss}.item():.4f}}")'
+    return _after_each_step(
+        s, "status_ = tqdm_(disable=True)", after, ["status_", "tqdm_"], "from tqdm import tqdm as tqdm_\n", needs=(_prints,)
+    )
