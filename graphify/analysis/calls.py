@@ -96,9 +96,32 @@ def nested_functions(outer: cst.FunctionDef | cst.Module) -> dict[str, cst.Funct
 
 
 def local_function(name: str, env: Env) -> cst.FunctionDef | None:
-    """A function defined inside the calling function, or in a loop or branch of module-level code."""
+    """A function defined inside the calling function, or in a loop or branch of module-level code; for a
+    nested function, also one its enclosing function defines (`def update(): compute_loss(data)` beside
+    `def compute_loss(data): ...` in the same `def ppo(...)`)."""
     outer = env.func.node if env.func is not None and env.func.node is not None else env.module.tree
-    return nested_functions(outer).get(name)
+    found = nested_functions(outer).get(name)
+    if found is None and outer is not env.module.tree:
+        enclosing = enclosing_function(outer, env.module)
+        found = nested_functions(enclosing[0]).get(name) if enclosing is not None else None
+    return found
+
+
+def enclosing_function(node: cst.FunctionDef, module) -> tuple[cst.FunctionDef, cst.ClassDef | None] | None:
+    """The module function or method (and its class) a nested function is defined in; None for those."""
+    table = _ENCLOSING.get(id(module.tree))
+    if table is None or table[0] is not module.tree:
+        outers = [(f, None) for f in module.functions.values()]
+        outers += [(m, c) for c in module.classes.values() for m in c.body.body if isinstance(m, cst.FunctionDef)]
+        found = {}
+        for outer, cls in outers:
+            for inner in nested_functions(outer).values():
+                found.setdefault(id(inner), (outer, cls))
+        table = _ENCLOSING[id(module.tree)] = (module.tree, found)
+    return table[1].get(id(node))
+
+
+_ENCLOSING: dict[int, tuple[cst.Module, dict]] = memo()  # module id -> (module, nested function id -> (outer, class))
 
 
 def _defined_here(func: cst.BaseExpression, env: Env) -> bool:

@@ -13,6 +13,7 @@ from graphify.analysis.tree import children, descendants
 from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import OPTIMIZER, kind_by_name
 from graphify.analysis.calls import (
+    enclosing_function,
     _is_step_like,
     _iter_nodes,
     _iter_nodes_all,
@@ -171,8 +172,22 @@ class ModuleAnalysis:
         if isinstance(node, cst.For):
             seed_loop_target(node.target, node.iter, env, seeds)
         self._bind_from_call_site(func, env, seeds)
+        self._bind_from_enclosing_function(func, env, seeds)
         env.infer(seeds, func.scope)
         return env
+
+    def _bind_from_enclosing_function(self, func: FunctionInfo, env: Env, seeds: dict[str, bool]) -> None:
+        """A loop in a nested function (`def update():` inside `def ppo(...)`) reads the enclosing function's
+        names: the model, the optimizers and the loss helpers it made mean there what they mean here."""
+        enclosing = enclosing_function(func.node, self.module) if func.node is not None else None
+        if enclosing is None:
+            return
+        outer = self.module.function_info(*enclosing)
+        outer_env = outer.new_env()
+        outer_seeds: dict[str, bool] = {}
+        self._bind_from_call_site(outer, outer_env, outer_seeds)
+        outer_env.infer(outer_seeds, outer.scope)
+        bind_free_names(func, env, outer_env, seeds)
 
     def _bind_from_call_site(self, func: FunctionInfo, env: Env, seeds: dict[str, bool], depth: int = 0) -> None:
         """Parameters of the loop's function take their meaning from a call site in the module

@@ -12,7 +12,7 @@ from __future__ import annotations
 import libcst as cst
 
 from graphify.analysis.names import class_made, dotted
-from graphify.analysis.tree import descendants
+from graphify.analysis.tree import descendants, memo
 from graphify.analysis.values import Env
 
 MODULE_CONTAINERS = ("ModuleList", "Sequential", "ModuleDict")
@@ -126,7 +126,7 @@ def iterables_binding(name: str, env: Env) -> list[cst.BaseExpression]:
     return found[1].get(name, [])
 
 
-_LOOP_ITEMS: dict[int, tuple[cst.FunctionDef, dict]] = {}  # function id -> (function, loop item name -> iterables)
+_LOOP_ITEMS: dict[int, tuple[cst.FunctionDef, dict]] = memo()  # function id -> (function, loop item name -> iterables)
 
 
 def item_and_container(loop: cst.For) -> tuple[cst.BaseExpression, cst.BaseExpression]:

@@ -125,7 +125,7 @@ class Env:
             return None  # whatever its name says
         if not values and self._names_a_function(name):
             return None  # `def call_model(module, x)`: a function, whatever its name says
-        return kind_by_name(name) or (MODEL if name in self._put_in_eval_mode() else None)
+        return kind_by_name(name) or (MODEL if name in self._put_in_eval_mode() or name in self._trained_by_an_optimizer() else None)
 
     def _names_a_function(self, name: str) -> bool:
         """A function of this module, or a method of this class (`self.model_step`)."""
@@ -172,6 +172,26 @@ class Env:
                 if type(call) is cst.Call and type(call.func) is cst.Attribute and call.func.attr.value == "eval" and not call.args:
                     names.add(dotted(call.func.value))
             found = _EVAL_RECEIVERS[id(body)] = (body, names - {None})
+        return found[1]
+
+    def _trained_by_an_optimizer(self) -> set[str]:
+        """Names whose parameters this body hands to an optimizer (`Adam(ac.pi.parameters(), lr=pi_lr)`: `ac.pi`
+        and `ac`): modules, whatever their name."""
+        body = self.func.node if getattr(self.func, "node", None) is not None else getattr(self.module, "tree", None)
+        if body is None:
+            return set()
+        found = _TRAINED.get(id(body))
+        if found is None or found[0] is not body:
+            names = set()
+            for call in (n for n in descendants(body) if type(n) is cst.Call and n.args):
+                if self._kind_of_call(call, 7) != OPTIMIZER:
+                    continue
+                for n in descendants(call.args[0].value):
+                    if type(n) is cst.Call and type(n.func) is cst.Attribute and n.func.attr.value in ("parameters", "named_parameters"):
+                        owner = dotted(n.func.value)
+                        if owner:
+                            names.update({owner, owner.split(".")[0]} if not owner.startswith("self.") else {owner})
+            found = _TRAINED[id(body)] = (body, names - {"self"})
         return found[1]
 
     def _is_container_of_objects(self, expr: cst.BaseExpression) -> bool:
@@ -469,6 +489,7 @@ class Env:
                 break
 
 
+_TRAINED: dict[int, tuple[cst.CSTNode, set[str]]] = memo()  # body id -> (body, names an optimizer trains)
 _EVAL_RECEIVERS: dict[int, tuple[cst.CSTNode, set[str]]] = memo()
 _GLOBALS: dict[int, tuple[cst.CSTNode, frozenset[str]]] = memo()
 
