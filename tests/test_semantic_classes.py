@@ -1560,3 +1560,49 @@ def test_a_module_run_through_a_container_is_read(name):
     assert [o.rewritten and not o.model_only for o in _train_loops(_outcomes(flagged))] == [False]
     assert "GFY101" not in _codes(clean)
     assert [(o.rewritten, o.model_only) for o in _train_loops(_outcomes(clean))] == [(True, False)]
+
+
+# ---- nested functions read their enclosing function; what an optimizer trains is a model --------------
+
+_NESTED_UPDATE = """
+def run(loader, device, make_policy):
+    agent = make_policy()
+    pi_optimizer = torch.optim.Adam(agent.pi.parameters(), lr=1e-3)
+
+    def compute_loss(x, y):
+        return F.mse_loss(agent.pi(x), y)
+
+    def update():
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            pi_optimizer.zero_grad()
+            loss = compute_loss(x, y)
+            loss.backward()
+            pi_optimizer.step()
+            print(loss.item())
+
+    update()
+"""
+
+
+def test_a_loop_in_a_nested_function_follows_the_functions_defined_beside_it():
+    """`compute_loss` is defined in `run`, beside `update`; `agent` is a model because an optimizer trains
+    its submodule's parameters, whatever it is called or made by."""
+    assert "GFY706" not in _codes(_NESTED_UPDATE)
+    assert [(o.rewritten, o.model_only) for o in _train_loops(_outcomes(_NESTED_UPDATE))] == [(True, False)]
+
+
+@pytest.mark.parametrize("name", ["unmix", "separator_", "f"])
+def test_an_object_an_optimizer_trains_is_a_model_whatever_its_name(name):
+    source = f"""
+def train(loader, device, build):
+    {name} = build()
+    opt = torch.optim.SGD({name}.parameters(), lr=0.1)
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        opt.zero_grad()
+        loss = F.mse_loss({name}(x), y)
+        loss.backward()
+        opt.step()
+"""
+    assert [(o.rewritten, o.model_only) for o in _train_loops(_outcomes(source))] == [(True, False)]

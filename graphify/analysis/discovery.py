@@ -19,6 +19,7 @@ from graphify.analysis.calls import (
     _iter_nodes_all,
     bind_free_names,
     local_function,
+    nested_functions,
     _mentions_no_grad,
     returned_closure,
     is_backward,
@@ -47,6 +48,7 @@ _SKIP = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 class ModuleAnalysis:
     def __init__(self, module: ModuleInfo) -> None:
         self.module = module
+        self._enclosing_envs: dict[int, Env] = {}  # enclosing function id -> its env (_enclosing_env)
 
     # Loop sites with their enclosing function/class and ancestors.
     def loop_sites(self) -> Iterator[tuple[cst.For | cst.While, FunctionInfo, tuple[cst.CSTNode, ...]]]:
@@ -172,22 +174,26 @@ class ModuleAnalysis:
         if isinstance(node, cst.For):
             seed_loop_target(node.target, node.iter, env, seeds)
         self._bind_from_call_site(func, env, seeds)
-        self._bind_from_enclosing_function(func, env, seeds)
+        outer = self._enclosing_env(func.node)
+        if outer is not None:  # a loop in `def update():` inside `def ppo(...)` reads ppo's model and optimizers
+            bind_free_names(func, env, outer, seeds)
         env.infer(seeds, func.scope)
         return env
 
-    def _bind_from_enclosing_function(self, func: FunctionInfo, env: Env, seeds: dict[str, bool]) -> None:
-        """A loop in a nested function (`def update():` inside `def ppo(...)`) reads the enclosing function's
-        names: the model, the optimizers and the loss helpers it made mean there what they mean here."""
-        enclosing = enclosing_function(func.node, self.module) if func.node is not None else None
+    def _enclosing_env(self, node: cst.FunctionDef | None) -> Env | None:
+        """The env of the module function or method a nested function is defined in, its parameters bound
+        from its call site: what the nested function's free names mean. None for a function not nested."""
+        enclosing = enclosing_function(node, self.module) if node is not None else None
         if enclosing is None:
-            return
-        outer = self.module.function_info(*enclosing)
-        outer_env = outer.new_env()
-        outer_seeds: dict[str, bool] = {}
-        self._bind_from_call_site(outer, outer_env, outer_seeds)
-        outer_env.infer(outer_seeds, outer.scope)
-        bind_free_names(func, env, outer_env, seeds)
+            return None
+        cached = self._enclosing_envs.get(id(enclosing[0]))
+        if cached is None:
+            outer = self.module.function_info(*enclosing)
+            cached = self._enclosing_envs[id(enclosing[0])] = outer.new_env()
+            seeds: dict[str, bool] = {}
+            self._bind_from_call_site(outer, cached, seeds)
+            cached.infer(seeds, outer.scope)
+        return cached
 
     def _bind_from_call_site(self, func: FunctionInfo, env: Env, seeds: dict[str, bool], depth: int = 0) -> None:
         """Parameters of the loop's function take their meaning from a call site in the module
@@ -328,7 +334,11 @@ class ModuleAnalysis:
     def _callee_block(self, call: cst.Call, caller: Block, info: FunctionInfo, bound: bool) -> Block:
         env, seeds = self._bound_env(info, bound, call, caller.env)
         if isinstance(call.func, cst.Name) and self._closure(call.func.value, caller.env) is info:
-            bind_free_names(info, env, caller.env, seeds)
+            # a closure's free names mean what they mean where it is defined: the caller, or the function
+            # enclosing both (`update()` calling `compute_loss()`, both defined in `ppo()`)
+            defined_in_caller = caller.func.node is not None and nested_functions(caller.func.node).get(call.func.value) is info.node
+            outer = caller.env if defined_in_caller or caller.func.node is None else self._enclosing_env(info.node)
+            bind_free_names(info, env, outer or caller.env, seeds)
         elif isinstance(call.func, cst.Name) and (returned := returned_closure(call.func.value, caller.env)) is not None:
             _, factory, built = returned  # the closure reads its factory's names, bound where the factory was called
             factory_env, factory_seeds = self._bound_env(info.module.function_info(factory, None), False, built, caller.env)
