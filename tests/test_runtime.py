@@ -430,3 +430,20 @@ def test_the_modes_a_step_sets_itself_are_told_from_those_it_was_called_with():
     model.train()
     assert modes_changed(submodules, before) == [(m, True) for m in submodules]
     assert modes_changed(submodules, bytes(m.training for m in submodules)) == []
+
+
+def test_a_graphed_model_answers_attribute_reads_as_its_model():
+    """The rewrite hands a helper the graphed model in place of the model: `model.train()`, `model.eval()`,
+    `model.parameters()` and plain attributes there are the module's own."""
+    import torch
+
+    from graphify.runtime import GraphedModule
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.1))
+    graphed = GraphedModule(model)
+    assert graphed.eval() is model and not model.training
+    assert graphed.train() is model and model.training and graphed.training
+    assert list(graphed.parameters()) == list(model.parameters())
+    assert graphed._modules["0"] is model[0]
+    with pytest.raises(AttributeError):
+        graphed.no_such_attribute

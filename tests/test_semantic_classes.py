@@ -649,11 +649,22 @@ def test_a_model_called_through_a_helper_is_graphed_alone(call):
     assert call.replace("net_", "graphed_net_") in result.code
 
 
-def test_a_helper_that_does_more_with_the_model_than_call_it_keeps_it_eager():
+def test_a_helper_that_sets_the_models_mode_is_handed_the_graphed_model():
+    """The graphed model answers attribute reads as the model (`module.train()`, `module.training`)."""
     source = _HELPER_CALL.format(
         call="call_model(net_, x)", helper_body="module.train()\n    return module(inputs)", forward_body="x = x * 2"
     )
-    (loop,) = _train_loops(_outcomes(source))
+    result = _outcomes(source)
+    (loop,) = _train_loops(result)
+    assert loop.rewritten and loop.model_only, loop.partial_refusal
+    assert "call_model(graphed_net_, x)" in result.code
+
+
+@pytest.mark.parametrize("use", ["print(isinstance(module, nn.Module))", "seen.append(module)", "other = module"])
+def test_a_helper_that_passes_the_model_on_or_keeps_it_keeps_it_eager(use):
+    """Handed on, stored or tested, the model would be the wrapper there."""
+    source = _HELPER_CALL.format(call="call_model(net_, x)", helper_body=f"{use}\n    return module(inputs)", forward_body="x = x * 2")
+    (loop,) = _train_loops(_outcomes(source.replace("def call_model", "seen = []\n\n\ndef call_model")))
     assert not loop.rewritten
     assert "`module` only called in `call_model`" in loop.partial_refusal
 
@@ -679,7 +690,7 @@ def test_host_data_built_in_a_helper_after_its_model_call_is_no_step_input():
     """
     report = analyze_source(_HEADER + textwrap.dedent(source), "train.py", Settings())
     (loop,) = report.loops
-    assert loop.verdict.value == "not-capturable"
+    assert loop.verdict.value == "partially-capturable"  # the model, handed to the helper, is graphed alone
     assert {"GFY201", "GFY702"} <= set(loop.reasons)
 
 

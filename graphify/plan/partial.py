@@ -72,8 +72,8 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
         _check_arguments(call, call.func, env, passed_arguments(call, env))
     for p in passes:
         _check_arguments(p.call, p.model, p.caller_env, passed_arguments(p.inner, p.env))
-    if not any(is_backward(c, env) or is_delegated_step(c, env) for c in calls):  # `loss_scaler(loss, optimizer)` runs it
-        raise Refusal(LOOP_SHAPE, "partial capture needs the backward pass in the loop body")
+    if not _runs_backward(loop, calls, env, passes):
+        raise Refusal(LOOP_SHAPE, "partial capture needs the backward pass in the loop body, or in a helper it hands the model to")
     # A call made while the last replay's backward is still to come runs eagerly (GraphedModule), so the
     # model may be called under a condition, or more than once per step.
     forward = {n for call in [*model_calls, *(p.inner for p in passes)] for n in _forward_nodes(loop, call)}
@@ -95,6 +95,14 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
         if node is not None and id(node) in forward:
             raise Refusal(rule, "the model's forward itself would be captured with it", node)
     return PartialPlan(loop, model_calls, list(dict.fromkeys(names)), list(reasons), [p.model for p in passes])
+
+
+def _runs_backward(loop: Loop, calls: list[cst.Call], env, passes: list) -> bool:
+    """A backward in the loop body, or one run out of sight by a helper it hands the loss and optimizer to
+    (`loss_scaler(loss, optimizer)`), or in a helper it hands the model to (`loss = train(model, data)`)."""
+    if any(is_backward(c, env) or is_delegated_step(c, env) for c in calls):
+        return True
+    return bool(passes) and any(isinstance(n, cst.Call) and is_backward(n, site.env) for n, site in loop.region.nodes)
 
 
 def _check_arguments(call: cst.Call, model: cst.BaseExpression, model_env, passed) -> None:
@@ -152,11 +160,14 @@ def _models_passed_to_helpers(loop: Loop, written: set[int], without_grad: set[i
 
 
 def _only_called(param: str, func: cst.FunctionDef) -> bool:
-    """Whether a function does nothing with its parameter `param` but call it."""
+    """Whether a function does nothing with its parameter `param` but call it and read its attributes
+    (`model.train()`, `model.parameters()`): what the graphed model it is handed instead answers as the
+    model does. Passed on, stored, returned or tested (`isinstance`), it would be the wrapper."""
     declared = {id(p.name) for n in walk(func) if isinstance(n, cst.Param) for p in [n]}
     callees = {id(n.func) for n in walk(func) if isinstance(n, cst.Call)}
+    owners = {id(n.value) for n in walk(func) if isinstance(n, cst.Attribute)}
     uses = [n for n in walk(func) if isinstance(n, cst.Name) and n.value == param and id(n) not in declared]
-    return all(id(n) in callees for n in uses)
+    return all(id(n) in callees or id(n) in owners for n in uses)
 
 
 def _feeds(value: cst.CSTNode, model_calls: list[cst.Call], body: list[cst.BaseStatement]) -> bool:

@@ -129,6 +129,14 @@ class GraphedModule(Wrapper):
         if (moved := self.state.guard(always=True)) is not None:
             self._give_up(moved)
 
+    def __getattr__(self, name: str):
+        """A helper handed the graphed model in place of the model reads it as the model: its modes, its
+        parameters and attributes (`model.train()`, `model.parameters()`) are the module's."""
+        module = self.__dict__.get("module")
+        if module is None:
+            raise AttributeError(name)
+        return getattr(module, name)
+
     def __call__(self, *inputs, **constants):
         state = self.state
         if (moved := state.guard()) is not None:  # pruned since the capture, say
