@@ -149,6 +149,26 @@ LOOPS = {
     except ValueError as e:
         print("caught", e)
     """,
+    "continue": """
+    for step, (x, y) in enumerate(data):
+        if step % 3 == 1:
+            continue
+        STEP
+        print(step, round(loss.item(), 6))
+    """,
+    "nested-in-a-function": """
+    def train(epochs):
+        total = 0.0
+        for epoch in range(epochs):
+            for step, (x, y) in enumerate(data):
+                STEP
+                total += loss.item()
+                with torch.no_grad():
+                    print(epoch, step, f"{total:.5f}")
+        return total
+
+    print(f"{train(2):.5f}")
+    """,
     "while": """
     step = 0
     while step < 6:
