@@ -235,6 +235,24 @@ NOT_DEFERRED = {
         STEP
         show(loss.item())
     """,
+    "meter-the-iterable-prints": """
+    class Logger:
+        def __init__(self):
+            self.last = None
+
+        def update(self, value):
+            self.last = value
+
+        def log_every(self, batches):
+            for i, batch in enumerate(batches):
+                print("logged", i, self.last)
+                yield batch
+
+    logger = Logger()
+    for x, y in logger.log_every(data):
+        STEP
+        logger.update(round(loss.item(), 6))
+    """,
     "scheduler-step": """
     scheduler = torch.optim.lr_scheduler.StepLR(opt, 2)
     for step, (x, y) in enumerate(data):

@@ -236,9 +236,9 @@ def _rest_of_loop(plan: Plan, kept_after: list[cst.BaseStatement]) -> _Loop:
     statements after the replay that are not deferred."""
     loop, stmts = _Loop(), plan.statements
     node = plan.loop.node
-    if isinstance(node, cst.For):
+    if isinstance(node, cst.For):  # its iterable steps on each pass (a logger's `log_every` prints its meters)
         targets = {n.value for n, _, _ in _name_nodes(node.target)}
-        loop.mentioned |= targets
+        loop.mentioned |= targets | {n.value for n, _, _ in _name_nodes(node.iter)}
         loop.written |= targets
     else:
         _add(loop, node.test)
@@ -337,7 +337,8 @@ def deferred_run(deferral: Deferral, statements: list[cst.BaseStatement], flush:
     """`for loss_host, step_host in reads.push(copy=(loss,), value=(step,)): <statements>`, or over
     `reads.flush()` for the loop's end."""
     held = [n for group in ("copy", "keep", "value") for n in deferral.held[group]]
-    targets = ", ".join(deferral.renamed[n] for n in held) + ("," if len(held) == 1 else "")
+    targets = ", ".join(deferral.renamed[n] for n in held)
+    targets = f"({targets},)" if len(held) == 1 else targets
     args = ", ".join(f"{g}=({', '.join(ns)}{',' if len(ns) == 1 else ''})" for g, ns in deferral.held.items() if ns)
     call = f"{deferral.reads}.flush()" if flush else f"{deferral.reads}.push({args})"
     body = [s.visit(_Renamed(deferral.renamed)) for s in statements]
