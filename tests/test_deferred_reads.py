@@ -16,7 +16,7 @@ from in_process import printed_by
 import graphify.cli as cli
 from graphify.config import Settings
 from graphify.rewrite import rewrite_source
-from graphify.rewrite.bundle import RuntimeChoice
+from graphify.rewrite.bundle import RuntimeChoice, vendor_code
 from graphify.runtime import DeferredReads
 
 _HEAD = """
@@ -169,6 +169,43 @@ LOOPS = {
 
     print(f"{train(2):.5f}")
     """,
+    "a-value-that-may-change": """
+    cfg = {"every": 2}
+
+    def lr_for(cfg, step):
+        return 0.05 / (1 + step)
+
+    for step, (x, y) in enumerate(data):
+        lr = lr_for(cfg, step)
+        STEP
+        if step % cfg["every"] == 0:
+            print(step, lr, round(loss.item(), 6))
+    """,
+    "a-trainer-class": """
+    class Trainer:
+        def __init__(self, every):
+            self.history, self.every = [], every
+
+        def fit(self):
+            for step, (x, y) in enumerate(data):
+                STEP
+                self.history.append(loss.item())
+                if step % self.every == 0:
+                    print(step, round(self.history[-1], 6))
+            return self.history
+
+    print(len(Trainer(2).fit()))
+    """,
+    "settings-read-before-the-replay": """
+    import argparse
+
+    args = argparse.Namespace(device="cpu", log_interval=3)
+    for step, (x, y) in enumerate(data):
+        x, y = x.to(args.device), y.to(args.device)
+        STEP
+        if step % args.log_interval == 0:
+            print(step, round(loss.item(), 6))
+    """,
     "while": """
     step = 0
     while step < 6:
@@ -192,9 +229,28 @@ def test_what_the_deferred_statements_read_is_held_by_how_they_read_it(tmp_path)
     assert 'print(f"{step_host}: loss {loss_host.item():.6f} acc {acc_host.item():.4f} n {x_host.size(0)}' in code
 
 
-def test_the_pasted_runtime_holds_the_reads_too(tmp_path):
+def test_a_value_that_may_change_is_held_as_it_is_and_run_at_once(tmp_path):
+    """`cfg` is handed to a function before the replay: the runtime finds it mutable and runs the statements
+    at once, as without the option."""
+    code = _deferred(LOOPS["a-value-that-may-change"], tmp_path).code
+    assert "train_step_reads.push(copy=(loss,), value=(step, cfg, lr))" in code
+
+
+def test_a_path_the_rest_of_the_loop_only_reads_or_hands_elsewhere_is_read_when_they_run(tmp_path):
+    """`args.device` handed to `.to()` leaves `args.log_interval` alone; `self.history` is the deferred
+    statements' own where the loop names nothing else of `self`."""
+    code = _deferred(LOOPS["settings-read-before-the-replay"], tmp_path).code
+    assert "train_step_reads.push(copy=(loss,), value=(step,))" in code
+    code = _deferred(LOOPS["a-trainer-class"], tmp_path).code
+    assert "train_step_reads.push(copy=(loss,), value=(step,))" in code and "self.history.append(loss_host.item())" in code
+
+
+def test_the_pasted_and_vendored_runtimes_hold_the_reads_too(tmp_path):
     code = _deferred(LOOPS["print-with-step"], tmp_path, RuntimeChoice("inline")).code
     assert "CapturedStep, GraphedModule, build_on_capture_stream, DeferredReads = _graphify_runtime()" in code
+    plain = rewrite_source(_script(LOOPS["print-with-step"]), "script.py", runtime=RuntimeChoice("inline")).code
+    assert "DeferredReads" not in plain  # pasted only where used
+    assert "class DeferredReads" in vendor_code()
 
 
 def test_without_the_option_nothing_is_deferred(tmp_path):
@@ -252,6 +308,22 @@ NOT_DEFERRED = {
     for x, y in logger.log_every(data):
         STEP
         logger.update(round(loss.item(), 6))
+    """,
+    "a-method-of-the-same-object": """
+    class Trainer:
+        def __init__(self):
+            self.history, self.seen = [], 0
+
+        def count(self, x):
+            self.seen += x.size(0)
+
+        def fit(self):
+            for step, (x, y) in enumerate(data):
+                self.count(x)
+                STEP
+                self.history.append(loss.item())
+
+    Trainer().fit()
     """,
     "scheduler-step": """
     scheduler = torch.optim.lr_scheduler.StepLR(opt, 2)

@@ -13,12 +13,13 @@ A statement is deferred only when nothing else can tell: it has no `break`, `con
 `yield`, `await`, `del`, `global`, `nonlocal`, `:=`, `lambda`, comprehension, `try`, `while`, `with` (but
 a mode block such as `torch.no_grad()`), assert, nested definition or import, nor an f-string `{x=}`; it
 calls only builtins that print or convert (`print`, `len`, `float`, ...) and bookkeeping methods
-(`append`, `update`, `add_scalar`, `log`, ...) of objects that nothing else in the loop names; the names it
-binds nothing else in the loop names; a step output it reads only through `.item()`, `.tolist()`,
+(`append`, `update`, `add_scalar`, `log`, ...) of objects that nothing else in the loop names (by their
+attribute path: `self.history` beside `self.model`); the names it binds nothing else in the loop names; a step output it reads only through `.item()`, `.tolist()`,
 `float()`, `int()`, `.detach().cpu()` or its shape. And only when the rest of the loop (its header for
 `while`, what runs before the replay, the step, the statements after the replay that stay) prints
 nothing: no `print`, no logging or writer call; otherwise the lines would come out in another order.
-What the deferred statements read that the rest of the loop binds or changes is held at the end of each
+What the deferred statements read that the rest of the loop binds or may change (calls a method of, hands
+to a call, assigns an item or attribute of) is held at the end of each
 pass: a tensor read through `.item()` and the like as a host copy, a tensor whose shape alone is read as
 it is, anything else only if it is immutable (a number, a string, a tuple of them); a value that is not
 makes the runtime run the statements at once, as without the option.
@@ -86,10 +87,12 @@ class Deferral:
 
 @dataclass
 class _Loop:
-    """What the rest of the loop does with names: mentions them, binds them, or may change their objects."""
+    """What the rest of the loop does with names: mentions them, binds them, reads paths (`self.model`) or
+    may change the objects at paths (calls a method of, hands to a call, assigns an item or attribute of)."""
 
     mentioned: set[str] = field(default_factory=set)
     written: set[str] = field(default_factory=set)
+    paths: set[str] = field(default_factory=set)
     touched: set[str] = field(default_factory=set)
     prints: bool = False
 
@@ -110,14 +113,31 @@ def _name_nodes(node: cst.CSTNode):
         stack.extend((c, n, parent) for c in reversed(children(n)))
 
 
-def _root(expr: cst.CSTNode) -> str | None:
+def _path(expr: cst.CSTNode) -> str | None:
+    """The object an expression names, as a path: `self.history` for `self.history` and for
+    `self.history["loss"]` (an item of it); after a call only the name at its root (the call may return
+    anything); None without a name at its root."""
+    parts: list[str] | None = []
     while isinstance(expr, (cst.Attribute, cst.Subscript, cst.Call)):
+        if isinstance(expr, cst.Attribute) and parts is not None:
+            parts.append(expr.attr.value)
+        elif isinstance(expr, cst.Subscript) and parts is not None:
+            parts.clear()
+        elif isinstance(expr, cst.Call):
+            parts = None
         expr = expr.func if isinstance(expr, cst.Call) else expr.value
-    return expr.value if isinstance(expr, cst.Name) else None
+    if not isinstance(expr, cst.Name):
+        return None
+    return ".".join([expr.value, *reversed(parts)]) if parts else expr.value
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether two paths can name the same object or one inside the other."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
 def _store_roots(stmt: cst.CSTNode) -> set[str]:
-    """Objects a statement changes by an item or attribute assignment (`stats["loss"] = ...`)."""
+    """Objects (paths) a statement changes by an item or attribute assignment (`stats["loss"] = ...`)."""
     targets = []
     for n in walk(stmt):
         if isinstance(n, cst.Assign):
@@ -129,8 +149,8 @@ def _store_roots(stmt: cst.CSTNode) -> set[str]:
         t = targets.pop()
         if isinstance(t, (cst.Tuple, cst.List)):
             targets.extend(e.value for e in t.elements)
-        elif isinstance(t, (cst.Attribute, cst.Subscript)) and _root(t) is not None:
-            found.add(_root(t))
+        elif isinstance(t, (cst.Attribute, cst.Subscript)) and _path(t.value) is not None:
+            found.add(_path(t.value))
     return found
 
 
@@ -190,8 +210,8 @@ def _host_chain(name: cst.Name, ancestors: dict[int, tuple]) -> tuple[list[str],
     return methods, node, (parent, grand)
 
 
-def _reads(statements: list[cst.BaseStatement]) -> list[tuple[str, str]]:
-    """(name, how it is read) for each name the statements read, in order; a builtin they call left out."""
+def _ancestors(statements: list[cst.CSTNode]) -> dict[int, tuple]:
+    """Each node's (parent, grandparent), by id."""
     ancestors: dict[int, tuple] = {}
     for stmt in statements:
         stack = [(stmt, None, None)]
@@ -199,6 +219,23 @@ def _reads(statements: list[cst.BaseStatement]) -> list[tuple[str, str]]:
             n, parent, grand = stack.pop()
             ancestors[id(n)] = (parent, grand)
             stack.extend((c, n, parent) for c in reversed(children(n)))
+    return ancestors
+
+
+def _read_path(name: cst.Name, ancestors: dict[int, tuple]) -> str:
+    """What a name's occurrence reads, as a path: `args.log_interval`; `args` for `args.method()`."""
+    path, node = name.value, name
+    parent, grand = ancestors[id(node)]
+    while isinstance(parent, cst.Attribute) and parent.value is node and not (isinstance(grand, cst.Call) and grand.func is parent):
+        path, node = f"{path}.{parent.attr.value}", parent
+        parent, grand = ancestors[id(node)]
+    return path
+
+
+def _reads(statements: list[cst.BaseStatement]) -> list[tuple[str, str, str]]:
+    """(name, how it is read, the path read) for each name the statements read, in order; a builtin they
+    call left out."""
+    ancestors = _ancestors(statements)
     found = []
     for stmt in statements:
         for name, parent, grand in _name_nodes(stmt):
@@ -206,24 +243,57 @@ def _reads(statements: list[cst.BaseStatement]) -> list[tuple[str, str]]:
                 continue
             methods, _, (outer, outer_grand) = _host_chain(name, ancestors)
             if {"item", "tolist"} & set(methods) or {"detach", "cpu"} <= set(methods):
-                found.append((name.value, "copy"))
+                form = "copy"
             elif set(methods) <= {"detach", "cpu"} and _form(outer, outer_grand) == "copy":
-                found.append((name.value, "copy"))
+                form = "copy"
             else:
-                found.append((name.value, _form(parent, grand) if not methods else "value"))
+                form = _form(parent, grand) if not methods else "value"
+            found.append((name.value, form, _read_path(name, ancestors)))
     return found
 
 
 # ---- the rest of the loop ----------------------------------------------------------------------
 
 
+def _handed(call: cst.Call) -> set[str]:
+    """The objects a call may change: its receiver (or the function itself) and its arguments (an
+    argument that is not a path: every name in it)."""
+    func = call.func
+    found = {_path(func.value) if isinstance(func, cst.Attribute) else _path(func)}
+    for arg in call.args:
+        found |= _passed(arg.value)
+    return found - {None}
+
+
+_NEW_VALUES = (cst.Call, cst.BinaryOperation, cst.UnaryOperation, cst.Comparison, cst.BaseNumber, cst.BaseString)
+
+
+def _passed(expr: cst.BaseExpression) -> set[str | None]:
+    """The objects an argument hands over: a path (`args.device`), either side of `a if c else b` or of
+    `a or b`, the items of a display; nothing for a new value (`x + 1`, a call's result, whose call hands
+    its own); every name in anything else."""
+    if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+        return {_path(expr)}
+    if isinstance(expr, cst.IfExp):
+        return _passed(expr.body) | _passed(expr.orelse)
+    if isinstance(expr, cst.BooleanOperation):
+        return _passed(expr.left) | _passed(expr.right)
+    if isinstance(expr, (cst.Tuple, cst.List, cst.Set)):
+        return set().union(*(_passed(e.value) for e in expr.elements))
+    if isinstance(expr, _NEW_VALUES):
+        return set()
+    return {n.value for n, _, _ in _name_nodes(expr)}
+
+
 def _add(loop: _Loop, node: cst.CSTNode) -> None:
-    loop.mentioned |= {n.value for n, _, _ in _name_nodes(node)}
+    names = list(_name_nodes(node))
+    ancestors = _ancestors([node]) if names else {}
+    loop.mentioned |= {n.value for n, _, _ in names}
+    loop.paths |= {_read_path(n, ancestors) for n, _, _ in names}
     loop.written |= names_written(node)
     loop.touched |= _store_roots(node)
     for call in (n for n in walk(node) if isinstance(n, cst.Call)):
-        loop.touched |= {r for r in [_root(call.func)] if r is not None}
-        loop.touched |= {r for a in call.args for n, _, _ in _name_nodes(a.value) for r in [n.value]}
+        loop.touched |= _handed(call)
         func = call.func
         if (isinstance(func, cst.Name) and func.value in ("print", "pprint")) or (
             isinstance(func, cst.Attribute) and func.attr.value in OUTPUT_METHODS
@@ -238,7 +308,10 @@ def _rest_of_loop(plan: Plan, kept_after: list[cst.BaseStatement]) -> _Loop:
     node = plan.loop.node
     if isinstance(node, cst.For):  # its iterable steps on each pass (a logger's `log_every` prints its meters)
         targets = {n.value for n, _, _ in _name_nodes(node.target)}
-        loop.mentioned |= targets | {n.value for n, _, _ in _name_nodes(node.iter)}
+        iterable = list(_name_nodes(node.iter))
+        ancestors = _ancestors([node.iter]) if iterable else {}
+        loop.mentioned |= targets | {n.value for n, _, _ in iterable}
+        loop.paths |= targets | {_read_path(n, ancestors) for n, _, _ in iterable}
         loop.written |= targets
     else:
         _add(loop, node.test)
@@ -255,8 +328,10 @@ def _rest_of_loop(plan: Plan, kept_after: list[cst.BaseStatement]) -> _Loop:
     for name, expr in plan.draws.values():
         _add(loop, expr)
         loop.mentioned.add(name)
+        loop.paths.add(name)
         loop.written.add(name)
     loop.mentioned |= set(plan.inputs) | set(plan.outputs) | set(plan.clones)
+    loop.paths |= set(plan.inputs) | set(plan.outputs) | set(plan.clones)
     loop.written |= set(plan.outputs) | set(plan.clones)
     return loop
 
@@ -290,19 +365,14 @@ def _held(plan: Plan, kept: list[cst.BaseStatement], deferred: list[cst.BaseStat
     bound = set().union(*(names_written(s) for s in deferred))
     if loop.prints or bound & loop.mentioned:
         return None
-    changed = {r for s in deferred for r in _store_roots(s)} | {
-        r
-        for s in deferred
-        for c in _calls(s)
-        if isinstance(c.func, cst.Attribute) and c.func.attr.value in BOOKKEEPING
-        for r in [_root(c.func.value)]
-        if r is not None
+    changed = {p for s in deferred for p in _store_roots(s)} | {
+        _path(c.func.value) for s in deferred for c in _calls(s) if isinstance(c.func, cst.Attribute) and c.func.attr.value in BOOKKEEPING
     }
-    if changed & loop.mentioned:
-        return None
+    if any(_overlap(c, p) for c in changed - {None} for p in loop.paths):
+        return None  # an object they change that the rest of the loop reads too
     held: dict[str, str] = {}
-    for name, form in _reads(deferred):
-        if name in bound or name not in loop.mentioned or (name not in loop.written and name not in loop.touched):
+    for name, form, path in _reads(deferred):
+        if name in bound or (name not in loop.written and not any(_overlap(path, t) for t in loop.touched)):
             continue  # the deferred statements' own, or nothing else changes it: read when they run
         held[name] = max(held.get(name, form), form, key=_GROUPS.index)
     if any(form == "value" and name in set(plan.outputs) | set(plan.clones) for name, form in held.items()):
