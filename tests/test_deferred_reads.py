@@ -196,6 +196,25 @@ LOOPS = {
 
     print(len(Trainer(2).fit()))
     """,
+    "a-trainer-class-holding-its-model": """
+    class Trainer:
+        def __init__(self, model, opt):
+            self.model, self.optimizer, self.criterion = model, opt, nn.CrossEntropyLoss()
+            self.history, self.every = [], 2
+
+        def fit(self):
+            for step, (x, y) in enumerate(data):
+                out = self.model(x)
+                loss = self.criterion(out, y)
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+                self.history.append(loss.item())
+                if step % self.every == 0:
+                    print(step, round(loss.item(), 6))
+
+    Trainer(model, opt).fit()
+    """,
     "settings-read-before-the-replay": """
     import argparse
 
@@ -241,8 +260,9 @@ def test_a_path_the_rest_of_the_loop_only_reads_or_hands_elsewhere_is_read_when_
     statements' own where the loop names nothing else of `self`."""
     code = _deferred(LOOPS["settings-read-before-the-replay"], tmp_path).code
     assert "train_step_reads.push(copy=(loss,), value=(step,))" in code
-    code = _deferred(LOOPS["a-trainer-class"], tmp_path).code
-    assert "train_step_reads.push(copy=(loss,), value=(step,))" in code and "self.history.append(loss_host.item())" in code
+    for case in ("a-trainer-class", "a-trainer-class-holding-its-model"):  # calling self.model(x) is the model's call
+        code = _deferred(LOOPS[case], tmp_path).code
+        assert "train_step_reads.push(copy=(loss,), value=(step,))" in code and "self.history.append(loss_host.item())" in code
 
 
 def test_the_pasted_and_vendored_runtimes_hold_the_reads_too(tmp_path):

@@ -33,6 +33,8 @@ import libcst as cst
 
 from graphify.analysis.statements import names_written, walk
 from graphify.analysis.tree import children
+from graphify.analysis.values import Env
+from graphify.analysis.vocabulary import DDP, LOSS, MODEL
 from graphify.plan.base import Plan, fresh_name, is_mode_block, split_branches
 
 DEFERRED_READS = "DeferredReads"
@@ -95,6 +97,7 @@ class _Loop:
     paths: set[str] = field(default_factory=set)
     touched: set[str] = field(default_factory=set)
     prints: bool = False
+    env: Env | None = None  # the loop body's: which paths hold a model or a loss function
 
 
 # ---- the statements ----------------------------------------------------------------------------
@@ -222,14 +225,22 @@ def _ancestors(statements: list[cst.CSTNode]) -> dict[int, tuple]:
     return ancestors
 
 
-def _read_path(name: cst.Name, ancestors: dict[int, tuple]) -> str:
-    """What a name's occurrence reads, as a path: `args.log_interval`; `args` for `args.method()`."""
+def _read_path(name: cst.Name, ancestors: dict[int, tuple], env: Env | None = None) -> str:
+    """What a name's occurrence reads, as a path: `args.log_interval`; `args` for `args.method()`, but
+    `self.model` for `self.model(x)`, a model or a loss function called (`env` tells them)."""
     path, node = name.value, name
     parent, grand = ancestors[id(node)]
-    while isinstance(parent, cst.Attribute) and parent.value is node and not (isinstance(grand, cst.Call) and grand.func is parent):
+    while isinstance(parent, cst.Attribute) and parent.value is node:
+        if isinstance(grand, cst.Call) and grand.func is parent and not _called_object(parent, env):
+            break
         path, node = f"{path}.{parent.attr.value}", parent
         parent, grand = ancestors[id(node)]
     return path
+
+
+def _called_object(func: cst.BaseExpression, env: Env | None) -> bool:
+    """`self.model(x)`, `self.criterion(out, y)`: a call of the object at that path, not a method of its owner."""
+    return env is not None and env.kind_of(func) in (MODEL, DDP, LOSS)
 
 
 def _reads(statements: list[cst.BaseStatement]) -> list[tuple[str, str, str]]:
@@ -255,11 +266,14 @@ def _reads(statements: list[cst.BaseStatement]) -> list[tuple[str, str, str]]:
 # ---- the rest of the loop ----------------------------------------------------------------------
 
 
-def _handed(call: cst.Call) -> set[str]:
-    """The objects a call may change: its receiver (or the function itself) and its arguments (an
-    argument that is not a path: every name in it)."""
+def _handed(call: cst.Call, env: Env | None) -> set[str]:
+    """The objects a call may change: its receiver (or the object called) and its arguments. A receiver that
+    is a call's result (`scaler.scale(loss).backward()`) is reached from what that call was handed."""
     func = call.func
-    found = {_path(func.value) if isinstance(func, cst.Attribute) else _path(func)}
+    if isinstance(func, cst.Attribute) and not _called_object(func, env):
+        found = set() if any(isinstance(n, cst.Call) for n in walk(func.value)) else {_path(func.value)}
+    else:
+        found = {_path(func)}
     for arg in call.args:
         found |= _passed(arg.value)
     return found - {None}
@@ -289,11 +303,11 @@ def _add(loop: _Loop, node: cst.CSTNode) -> None:
     names = list(_name_nodes(node))
     ancestors = _ancestors([node]) if names else {}
     loop.mentioned |= {n.value for n, _, _ in names}
-    loop.paths |= {_read_path(n, ancestors) for n, _, _ in names}
+    loop.paths |= {_read_path(n, ancestors, loop.env) for n, _, _ in names}
     loop.written |= names_written(node)
     loop.touched |= _store_roots(node)
     for call in (n for n in walk(node) if isinstance(n, cst.Call)):
-        loop.touched |= _handed(call)
+        loop.touched |= _handed(call, loop.env)
         func = call.func
         if (isinstance(func, cst.Name) and func.value in ("print", "pprint")) or (
             isinstance(func, cst.Attribute) and func.attr.value in OUTPUT_METHODS
@@ -304,7 +318,7 @@ def _add(loop: _Loop, node: cst.CSTNode) -> None:
 def _rest_of_loop(plan: Plan, kept_after: list[cst.BaseStatement]) -> _Loop:
     """The loop but the deferred statements: its header, what runs before the replay, the step, and the
     statements after the replay that are not deferred."""
-    loop, stmts = _Loop(), plan.statements
+    loop, stmts = _Loop(env=plan.loop.region.body_block.env), plan.statements
     node = plan.loop.node
     if isinstance(node, cst.For):  # its iterable steps on each pass (a logger's `log_every` prints its meters)
         targets = {n.value for n, _, _ in _name_nodes(node.target)}
