@@ -225,6 +225,14 @@ LOOPS = {
         if step % args.log_interval == 0:
             print(step, round(loss.item(), 6))
     """,
+    "a-deferred-statement-raises": """
+    try:
+        for step, (x, y) in enumerate(data):
+            STEP
+            print(step, round(10 / (3 - step), 3), round(loss.item(), 6))
+    except ZeroDivisionError as e:
+        print("caught", e)
+    """,
     "while": """
     step = 0
     while step < 6:
@@ -401,28 +409,37 @@ def test_the_option_and_its_config_key(tmp_path):
 def test_each_push_hands_back_the_previous_steps_values_and_flush_the_last():
     reads = DeferredReads()
     loss = torch.tensor(1.5, requires_grad=True)
-    assert reads.push(copy=(loss,), value=(0,)) == []
+    assert list(reads.push(copy=(loss,), value=(0,))) == []
     with torch.no_grad():
         loss.fill_(2.5)  # the next replay overwrites the graph's output
     (held,) = reads.push(copy=(loss,), value=(1,))
     assert held[0].item() == 1.5 and held[1] == 0 and not held[0].requires_grad
     (last,) = reads.flush()
     assert last[0].item() == 2.5 and last[1] == 1
-    assert reads.flush() == []
+    assert list(reads.flush()) == []
 
 
 def test_a_value_that_may_change_runs_everything_held_at_once():
     reads = DeferredReads()
-    reads.push(copy=(torch.tensor(1.0),), value=(0,))
+    list(reads.push(copy=(torch.tensor(1.0),), value=(0,)))
     items = [1]
-    entries = reads.push(copy=(torch.tensor(2.0),), value=(items,))
+    entries = list(reads.push(copy=(torch.tensor(2.0),), value=(items,)))
     assert [e[0].item() for e in entries] == [1.0, 2.0] and entries[1][1] is items
-    assert reads.flush() == []
+    assert list(reads.flush()) == []
+
+
+def test_a_run_left_unfinished_drops_what_is_still_held():
+    reads = DeferredReads()
+    list(reads.push(copy=(torch.tensor(1.0),)))
+    with pytest.raises(ZeroDivisionError):
+        for (value,) in reads.push(copy=(torch.tensor(2.0),)):
+            print(1 / 0, value)
+    assert list(reads.flush()) == []
 
 
 def test_shapes_are_kept_as_they_are_and_numbers_pass_through():
     reads = DeferredReads()
     x = torch.zeros(4, 2)
-    reads.push(copy=(3.5,), keep=(x,), value=("a", (1, 2.0), None))
+    list(reads.push(copy=(3.5,), keep=(x,), value=("a", (1, 2.0), None)))
     ((copied, kept, *values),) = reads.flush()
     assert copied == 3.5 and kept is x and values == ["a", (1, 2.0), None]

@@ -43,7 +43,7 @@ def test_push_waits_only_for_the_previous_steps_copy():
     reads = DeferredReads()
     out = torch.full((1024,), 1.0, device="cuda")
     torch.cuda.synchronize()
-    assert reads.push(copy=(out,), value=(0,)) == []
+    assert list(reads.push(copy=(out,), value=(0,))) == []
     torch.cuda._sleep(500_000_000)  # the next replay: long GPU work, then it overwrites the output
     out.add_(1.0)
     start = time.perf_counter()
