@@ -9,6 +9,7 @@ searching from the first checked path upward. Keys are kebab-case:
     exclude = ["legacy/"]               # replaces the (empty) default exclude list
     extend-exclude = ["notebooks/*.py"] # added to `exclude`
     respect-gitignore = true
+    defer-host-reads = false            # `graphify rewrite`: as --defer-host-reads
     [tool.graphify.per-file-ignores]
     "tests/**" = ["GFY0", "logging-io"]
 
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     from graphify.model import Rule
 
-KNOWN_KEYS = ("select", "ignore", "exclude", "extend-exclude", "per-file-ignores", "respect-gitignore")
+KNOWN_KEYS = ("select", "ignore", "exclude", "extend-exclude", "per-file-ignores", "respect-gitignore", "defer-host-reads")
 
 
 class ConfigError(Exception):
@@ -52,6 +53,8 @@ class Settings:
     root: str | None = None
     # The pyproject.toml the settings came from, for messages; None when defaults are used.
     config_file: str | None = None
+    # `graphify rewrite`: host reads after the replay (logging) run one step later (rewrite/deferred.py)
+    defer_host_reads: bool = False
 
     def enabled(self, rule: "Rule", path: str) -> bool:
         """Is `rule` on for the file at `path` (a path as reported: relative to cwd or absolute)?"""
@@ -175,10 +178,11 @@ def settings_from_table(table: dict, config_file: str = "pyproject.toml") -> Set
         settings.exclude = _str_list(table["exclude"], f"{where} exclude")
     if "extend-exclude" in table:
         settings.extend_exclude = _str_list(table["extend-exclude"], f"{where} extend-exclude")
-    if "respect-gitignore" in table:
-        if not isinstance(table["respect-gitignore"], bool):
-            raise ConfigError(f"{where} respect-gitignore: expected true or false")
-        settings.respect_gitignore = table["respect-gitignore"]
+    for key in ("respect-gitignore", "defer-host-reads"):
+        if key in table:
+            if not isinstance(table[key], bool):
+                raise ConfigError(f"{where} {key}: expected true or false")
+            setattr(settings, key.replace("-", "_"), table[key])
     if "per-file-ignores" in table:
         pfi = table["per-file-ignores"]
         if not isinstance(pfi, dict):

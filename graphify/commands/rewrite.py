@@ -34,10 +34,17 @@ import click
     help="With --runtime vendor: the module written (with --in-place) and imported by its name; keep it where the scripts import from.",
 )
 @click.option(
+    "--defer-host-reads/--no-defer-host-reads",
+    default=None,
+    help="Host reads after the replay that only log (`print(loss.item())`, meters, appends) run one step later, with the "
+    "same values, so the host queues the next replay before it waits; the lines print one step later. Default: off, or "
+    "defer-host-reads in [tool.graphify].",
+)
+@click.option(
     "--stdin-filename", metavar="PATH", help="The path standard input (`-`) is rewritten as: its settings, and a notebook by its suffix."
 )
 def rewrite_command(
-    paths, in_place, check_only, verify, steps, select, ignore, force_exclude, runtime, vendor_path, stdin_filename
+    paths, in_place, check_only, verify, steps, select, ignore, force_exclude, runtime, vendor_path, defer_host_reads, stdin_filename
 ) -> None:
     """Rewrite eligible training and inference loops of PATHS into warmup, capture and replay.
 
@@ -46,7 +53,6 @@ def rewrite_command(
     with the reason. Exit codes: 0 nothing to change, 1 files would change or changed (or, with --check,
     a loop is not captured yet; or --verify failed), 2 usage error or a file not read or rewritten.
     """
-    from graphify.config import ConfigError, load_settings, split_selectors
     from graphify.files import discover, named_files
     from graphify.commands.rewrite_files import rewrite_files, vendor_runtime, vendor_target_problem
 
@@ -56,12 +62,7 @@ def rewrite_command(
         raise click.UsageError("`-` (standard input) is rewritten alone, to standard output: no other path, no --in-place")
     choice = _runtime_choice(runtime, vendor_path)
     paths = paths or (".",)
-    try:
-        settings = load_settings([stdin_filename or "."] if paths == ("-",) else paths)
-        settings = settings.with_cli(split_selectors(select), split_selectors(ignore))
-    except ConfigError as exc:
-        click.echo(f"graphify: error: {exc}", err=True)
-        sys.exit(2)
+    settings = _settings([stdin_filename or "."] if paths == ("-",) else paths, select, ignore, defer_host_reads)
     if paths == ("-",):
         sys.exit(_rewrite_stdin(stdin_filename or "-", settings, check_only, choice))
     files, errors = discover(paths, settings, force_exclude=force_exclude)
@@ -96,6 +97,20 @@ def rewrite_command(
         click.echo(diff, nl=False)
     _tell(run, [f"{e.path}: {e.message}" for e in errors])
     sys.exit(2 if errors or vendor_failed else run.exit_code)
+
+
+def _settings(paths, select, ignore, defer_host_reads):
+    """The settings of the files (the nearest [tool.graphify]) with the command line's on top; exit 2 on a bad one."""
+    from graphify.config import ConfigError, load_settings, split_selectors
+
+    try:
+        settings = load_settings(paths).with_cli(split_selectors(select), split_selectors(ignore))
+    except ConfigError as exc:
+        click.echo(f"graphify: error: {exc}", err=True)
+        sys.exit(2)
+    if defer_host_reads is not None:
+        settings.defer_host_reads = defer_host_reads
+    return settings
 
 
 def _runtime_choice(runtime: str, vendor_path: str):

@@ -14,7 +14,8 @@ from graphify.analysis.statements import names_written, walk
 from graphify.files import python_syntax_error
 from graphify.model import FileError, Verdict
 from graphify.rewrite.bundle import RuntimeChoice, bound_runtime_names, runtime_header
-from graphify.rewrite.emit import CAPTURED_STEP, DDP_BUILDER, GRAPHED_MODULE, Emission, Rewriter
+from graphify.rewrite.deferred import DEFERRED_READS, plan_deferral
+from graphify.rewrite.emit import CAPTURED_STEP, DDP_BUILDER, GRAPHED_MODULE, Emission, Rewriter, after_replay
 from graphify.plan.base import fresh_name
 from graphify.plan import PartialPlan
 from graphify.plan.dataflow import attribute_targets
@@ -88,18 +89,13 @@ def _rewrite_source(source: str, path: str, settings, runtime: RuntimeChoice) ->
                 emissions.append(Emission(plan, graphed[-1], anchor, model))
             step_name, outcome.graphed = ", ".join(graphed), graphed
         else:
-            step_name = fresh_name("train_step" if loop.kind == "train" else "inference_step", taken)
-            emissions.append(Emission(plan, step_name, next(iter(outer), loop.node)))
+            emissions.append(_whole_step(plan, next(iter(outer), loop.node), taken, settings.defer_host_reads))
+            step_name = emissions[-1].step_name
         outcome.rewritten, outcome.step_name, outcome.model_only = True, step_name, isinstance(plan, PartialPlan)
     if not emissions:
         return out
     names, new = bound_runtime_names(tree), []
-    uses = {
-        CAPTURED_STEP: any(not isinstance(e.plan, PartialPlan) for e in emissions),
-        GRAPHED_MODULE: any(isinstance(e.plan, PartialPlan) for e in emissions),
-        DDP_BUILDER: any(not isinstance(e.plan, PartialPlan) and e.plan.ddp_builds for e in emissions),
-    }
-    for class_name, used in uses.items():
+    for class_name, used in _uses(emissions).items():
         if class_name in names or not (used or runtime.mode == "inline"):
             continue
         names[class_name] = class_name if class_name not in taken else fresh_name(class_name, taken)
@@ -119,6 +115,28 @@ def _rewrite_source(source: str, path: str, settings, runtime: RuntimeChoice) ->
         return out
     out.code = code
     return out
+
+
+def _whole_step(plan, anchor: cst.CSTNode, taken: set[str], defer_host_reads: bool) -> Emission:
+    """The emission of a whole-step plan: its step function's name, and with --defer-host-reads what runs a step later."""
+    step_name = fresh_name("train_step" if plan.kind == "train" else "inference_step", taken)
+    deferral = None
+    if defer_host_reads:
+        after = [s for _, s in after_replay(plan, plan.statements)]
+        deferral = plan_deferral(plan, after, taken, f"{step_name}_reads")
+    return Emission(plan, step_name, anchor, deferral=deferral)
+
+
+def _uses(emissions: list[Emission]) -> dict[str, bool]:
+    """Which runtime classes the rewrite calls."""
+    uses = {
+        CAPTURED_STEP: any(not isinstance(e.plan, PartialPlan) for e in emissions),
+        GRAPHED_MODULE: any(isinstance(e.plan, PartialPlan) for e in emissions),
+        DDP_BUILDER: any(not isinstance(e.plan, PartialPlan) and e.plan.ddp_builds for e in emissions),
+    }
+    if any(e.deferral for e in emissions):  # named only where used: files rewritten without it stay as they were
+        uses[DEFERRED_READS] = True
+    return uses
 
 
 def _rebinds(loop: cst.CSTNode, model: str) -> bool:

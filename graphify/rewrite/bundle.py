@@ -17,6 +17,7 @@ from pathlib import Path
 import libcst as cst
 
 from graphify.analysis.rewritten import INLINE_FUNCTION
+from graphify.rewrite.deferred import DEFERRED_READS
 
 RUNTIME_CLASSES = ("CapturedStep", "GraphedModule", "build_on_capture_stream")  # what rewritten files use
 
@@ -45,11 +46,12 @@ def runtime_version() -> str:
 
 
 @cache
-def _parts() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(the import statements the runtime needs, the code of its modules without them)."""
+def _parts(deferred: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the import statements the runtime needs, the code of its modules without them); with `deferred`,
+    DeferredReads too (--defer-host-reads), which a file pasted a runtime into has only where it uses it."""
     imports: list[str] = []
     bodies: list[str] = []
-    for name in _ORDER:
+    for name in _ORDER + (("deferred",) if deferred else ()):
         module = cst.parse_module((RUNTIME_DIR / f"{name}.py").read_text(encoding="utf-8"))
         for i, stmt in enumerate(module.body):
             code = module.code_for_node(stmt)
@@ -83,10 +85,10 @@ def bound_runtime_names(tree: cst.Module) -> dict[str, str]:
             if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
                 for alias in small.names:
                     name = cst.Module([]).code_for_node(alias.name)
-                    if name in RUNTIME_CLASSES:
+                    if name in (*RUNTIME_CLASSES, DEFERRED_READS):
                         found[name] = alias.asname.name.value if alias.asname else name
             elif _is_inline_binding(small):
-                for name, element in zip(RUNTIME_CLASSES, small.targets[0].target.elements):
+                for name, element in zip((*RUNTIME_CLASSES, DEFERRED_READS), small.targets[0].target.elements):
                     found[name] = element.value.value
     return found
 
@@ -114,8 +116,9 @@ def runtime_header(choice: RuntimeChoice, names: dict[str, str], new: list[str])
         return []
     if choice.mode == "inline":
         version = runtime_version()
-        imports, bodies = _parts()
-        code = "".join(imports) + "".join(bodies) + f"return {', '.join(RUNTIME_CLASSES)}\n"
+        classes = (*RUNTIME_CLASSES, DEFERRED_READS) if DEFERRED_READS in new else RUNTIME_CLASSES
+        imports, bodies = _parts(DEFERRED_READS in new)
+        code = "".join(imports) + "".join(bodies) + f"return {', '.join(classes)}\n"
         inner = cst.parse_module(code).visit(_UnindentedBlankLines()).body
         function = cst.FunctionDef(
             name=cst.Name(INLINE_FUNCTION),
@@ -123,7 +126,7 @@ def runtime_header(choice: RuntimeChoice, names: dict[str, str], new: list[str])
             body=cst.IndentedBlock(body=inner),
             leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(comment=cst.Comment(BEGIN.format(version=version)))],
         )
-        bound = ", ".join(names[c] for c in RUNTIME_CLASSES)
+        bound = ", ".join(names[c] for c in classes)
         binding = cst.parse_statement(f"{bound} = {INLINE_FUNCTION}()  {END.format(version=version)}\n")
         return [function, binding.with_changes(leading_lines=[cst.EmptyLine(indent=False)])]
     listed = ", ".join(c if names[c] == c else f"{c} as {names[c]}" for c in new)
@@ -132,7 +135,7 @@ def runtime_header(choice: RuntimeChoice, names: dict[str, str], new: list[str])
 
 def vendor_code() -> str:
     """The runtime as a module of its own."""
-    imports, bodies = _parts()
+    imports, bodies = _parts(deferred=True)
     body = "".join(b if b.startswith("\n") else "\n" + b for b in bodies)
     header = VENDOR_HEADER.format(version=runtime_version())
     return f"{header}\n\nfrom __future__ import annotations\n\n{''.join(imports)}\n{body.rstrip()}\n"

@@ -11,6 +11,7 @@ from graphify.analysis.names import dotted
 from graphify.plan import PartialPlan, Plan
 from graphify.plan.draws import drawn_value
 from graphify.plan.base import if_chain, split_branches, step_statements
+from graphify.rewrite.deferred import DEFERRED_READS, Deferral, deferred_run, reads_object, with_flush
 
 CAPTURED_STEP, GRAPHED_MODULE, DDP_BUILDER = "CapturedStep", "GraphedModule", "build_on_capture_stream"
 
@@ -23,6 +24,7 @@ class Emission:
     step_name: str  # the step function, or for a partial plan the graphed module
     anchor: cst.CSTNode  # statement before which the step function (or graphed module) is defined
     model: str | None = None  # for a partial plan: the model this emission graphs
+    deferral: Deferral | None = None  # --defer-host-reads: the statements after the replay run one step later
 
 
 def _comment(text: str) -> cst.EmptyLine:
@@ -58,6 +60,11 @@ def _moved_after(plan: Plan, stmts: list[cst.BaseStatement]) -> list[tuple[int, 
         else:
             moved.append((i, stmts[i]))
     return moved
+
+
+def after_replay(plan: Plan, stmts: list[cst.BaseStatement]) -> list[tuple[int, cst.BaseStatement]]:
+    """Everything that runs after the replay, in order: what _moved_after says, then the statements after the step."""
+    return _moved_after(plan, stmts) + list(enumerate(stmts))[plan.last + 1 :]
 
 
 def _clones(plan: Plan, step_name: str) -> list[cst.BaseStatement]:
@@ -101,6 +108,7 @@ class Rewriter(cst.CSTTransformer):
         """helper_names: runtime class name -> its name in this file; header: the statements that bring
         the runtime in (an import, or the pasted runtime), placed after the file's imports."""
         self.helper_name = helper_names.get(CAPTURED_STEP, CAPTURED_STEP)
+        self.reads_class = helper_names.get(DEFERRED_READS, DEFERRED_READS)
         self.header = header
         self.by_loop = {id(e.plan.loop.node): e for e in emissions if isinstance(e.plan, Plan)}
         self.call_edits: dict[int, tuple[str, str]] = {}
@@ -186,15 +194,15 @@ class Rewriter(cst.CSTTransformer):
         )
         before = [(i, s) for i, s in enumerate(stmts[: plan.first]) if i not in plan.pulled_in] + [(i, stmts[i]) for i in plan.before]
         rest = list(enumerate(stmts))[plan.last + 1 :]
-        body = (
-            step_body.regroup(before)
-            + _draws(plan, emission.step_name)
-            + [call_stmt]
-            + _clones(plan, emission.step_name)
-            + step_body.regroup(_moved_after(plan, stmts))
-            + step_body.regroup(rest)
-        )
-        return updated.with_changes(body=updated.body.with_changes(body=body))
+        body = step_body.regroup(before) + _draws(plan, emission.step_name) + [call_stmt] + _clones(plan, emission.step_name)
+        deferral = emission.deferral
+        if deferral is None:
+            body += step_body.regroup(_moved_after(plan, stmts)) + step_body.regroup(rest)
+            return updated.with_changes(body=updated.body.with_changes(body=body))
+        after = after_replay(plan, stmts)
+        deferred = step_body.regroup(after[deferral.first :])
+        body += step_body.regroup(after[: deferral.first]) + [deferred_run(deferral, deferred, flush=False)]
+        return with_flush(updated.with_changes(body=updated.body.with_changes(body=body)), deferral, deferred)
 
     def _define_step(self, emission: Emission, step_body) -> None:
         """`def train_step(inputs): <captured statements>; return outputs` and its wrapping, placed before
@@ -216,7 +224,8 @@ class Rewriter(cst.CSTTransformer):
         )
         device = f", device={_EMPTY.code_for_node(plan.device)}" if plan.device is not None else ""
         wrap = cst.parse_statement(f"{emission.step_name} = {self.helper_name}({emission.step_name}{device})")
-        self.defs.setdefault(id(emission.anchor), []).extend([step_def, wrap])
+        made = [step_def, wrap] + ([reads_object(emission.deferral, self.reads_class)] if emission.deferral else [])
+        self.defs.setdefault(id(emission.anchor), []).extend(made)
 
     @staticmethod
     def _captured(plan: Plan, index: int, stmt: cst.BaseStatement) -> cst.BaseStatement:

@@ -13,9 +13,18 @@ finds the graphs it captured before, as long as the step still refers to the sam
 
 from graphify.runtime.captured_step import CapturedStep
 from graphify.runtime.common import GraphifyFallbackWarning, copy_outputs
+from graphify.runtime.deferred import DeferredReads
 from graphify.runtime.distributed import build_on_capture_stream
 from graphify.runtime.graphed_module import GraphedModule
 
 __version__ = "7"
 
-__all__ = ["CapturedStep", "GraphedModule", "GraphifyFallbackWarning", "build_on_capture_stream", "copy_outputs", "__version__"]
+__all__ = [
+    "CapturedStep",
+    "DeferredReads",
+    "GraphedModule",
+    "GraphifyFallbackWarning",
+    "build_on_capture_stream",
+    "copy_outputs",
+    "__version__",
+]
