@@ -158,3 +158,27 @@ def test_run_summary_counts_loops_refusals_and_verified_rewrites():
     )
     assert "| rewritten scripts that crashed where eager ran | 1 |" in text
     assert "| step speedup (verify), median | 2.00× (min 2.00×) |" in text
+
+
+def test_a_notebook_runs_as_the_script_of_its_code_cells(tmp_path):
+    """run.py runs a notebook as its code cells joined in order, each line where graphify (and the labels)
+    number it: IPython syntax is `pass` on its line, a non-timing cell magic blanks its cell, the rest is kept."""
+    import json
+
+    sys.path.insert(0, str(REAL))
+    from run import _cells_refusal, notebook_script
+
+    cells = [
+        {"cell_type": "code", "source": ["%matplotlib inline\n", "import torch\n", "!pip install x"]},
+        {"cell_type": "markdown", "source": ["# training"]},
+        {"cell_type": "code", "source": ["%%bash\n", "ls\n"]},
+        {"cell_type": "code", "source": "files = !ls\nx = torch.ones(2)\nx"},
+    ]
+    notebook = tmp_path / "nb.ipynb"
+    notebook.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    script = notebook_script(notebook)
+    assert script == tmp_path / "nb.py"
+    assert script.read_text() == "pass\nimport torch\npass\n\n\nfiles = None\nx = torch.ones(2)\nx\n"
+    assert _cells_refusal(notebook, script.read_text().replace("x = torch.ones(2)", "x = torch.zeros(2)")) is None
+    refused = script.read_text().replace("torch\npass\n", "torch\nimport os\n")  # the shell escape's line changed
+    assert _cells_refusal(notebook, refused) == "the rewrite would change IPython syntax in cell 1"

@@ -219,6 +219,34 @@ def _whole_run(script: Path, run: dict) -> dict:
     return {"ok": True, "seconds": round(seconds, 2), "fell_back": fell_back}
 
 
+def notebook_script(notebook: Path) -> Path:
+    """The notebook's code cells, in order, as a script beside it (`<stem>.py`): the module graphify reads
+    of a notebook (graphify.notebooks), every line at its place. Dropped, each as `pass` on its line: line
+    magics (`%matplotlib inline`, `%load_ext x`), shell escapes (`!pip install x`), help (`x?`); `y = !x`
+    becomes `y = None`; a cell magic other than %%time/%%timeit/%%capture/%%prun blanks its whole cell
+    (`%%bash`, `%%writefile`), and a `from __future__` import becomes `pass`. The rest runs as written:
+    a cell's last expression is evaluated without being displayed, and what the notebook imports from
+    IPython for display (`display`, `clear_output`) comes from IPython, or the `IPython` stand-in of a run's
+    `shims` where the machine lacks it."""
+    from graphify.notebooks import read_notebook
+
+    script = notebook.with_suffix(".py")
+    script.write_text(read_notebook(str(notebook)).source)
+    return script
+
+
+def _cells_refusal(notebook: Path, rewritten: str) -> str | None:
+    """Why the rewrite of a notebook's script could not be written back into its cells (as `graphify
+    rewrite` of the notebook would refuse it), or None."""
+    from graphify.notebooks import CellSpanError, read_notebook
+
+    try:
+        read_notebook(str(notebook)).with_source(rewritten)
+    except CellSpanError as error:
+        return str(error)
+    return None
+
+
 def run_one(entry: dict, run: dict, repeat: int = 3) -> dict:
     record: dict = {"id": entry["id"], "repo": entry["repo"], "path": entry["path"]}
     script = script_path(entry)
@@ -227,9 +255,14 @@ def run_one(entry: dict, run: dict, repeat: int = 3) -> dict:
     missing = _missing_modules(run)
     if missing:
         return dict(record, skipped="missing modules: " + ", ".join(missing))
+    notebook = script if script.suffix == ".ipynb" else None
+    if notebook:
+        script = notebook_script(notebook)
     record["loops"], rewritten = loop_outcomes(entry["id"], script)
     if rewritten is None:
         return record
+    if notebook and (refusal := _cells_refusal(notebook, rewritten)):
+        record["notebook_cells"] = refusal  # `graphify rewrite` leaves the notebook as it is; the script's rewrite runs
     _make_data(run)
     record["verify"] = _verify(script, run)
     record["cuda_used"] = bool(record["verify"].get("on_cuda"))
