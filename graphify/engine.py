@@ -20,7 +20,7 @@ from graphify.analysis.tree import children, descendants, forget, nested_too_dee
 from graphify.files import python_syntax_error
 from graphify.model import Diagnostic, FileError, LoopReport, Related, Report, Verdict
 from graphify.plan import PartialPlan, Plan, Refusal, make_partial_plan, make_plan
-from graphify.plan.refusals import FIXES, HOST_SIDE_EFFECT, MUTATED_STATE, PER_STEP_HOST_VALUE
+from graphify.plan.refusals import HOST_SIDE_EFFECT, MUTATED_STATE, PER_STEP_HOST_VALUE
 
 
 _CODE_FACTS = (PER_STEP_HOST_VALUE, HOST_SIDE_EFFECT, MUTATED_STATE)
@@ -181,7 +181,7 @@ def _refusal_findings(analysis: LoopAnalysis, refusals: list[Refusal], blocked: 
         if refusal.node is not None and any(id(n) in flagged for n in _own_lines(node)):
             continue
         flagged.add(id(node))
-        fix = FIXES.get(refusal.rule.code, "see `graphify rule " + refusal.rule.code + "`")
+        fix = refusal.rule.fix.advice or f"see `graphify rule {refusal.rule.code}`"
         # what the planner refuses, the rewrite does not remove; found inside a function the loop calls, it
         # is reported at the call, once per call and code (_report_loop, _merge_duplicates)
         findings.append(Finding(refusal.rule, node, _module_of(loop, node), str(refusal), fix, False))

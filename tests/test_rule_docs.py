@@ -93,3 +93,12 @@ def test_doc_example(code, kind, example):
     source = _IMPORTS + "\n".join(context) + "\n" + example
     found = {d.code for d in analyze_source(source, "example.py", Settings(select=["ALL"])).diagnostics}
     assert (code in found) == (kind == "Flagged"), sorted(found)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.code)
+def test_fix_descriptor(rule):
+    """A rule the rewrite can remove says how; one it cannot has no fix to apply."""
+    from graphify.model import Applicability, FixKind
+
+    assert rule.rewritable == (rule.fix.kind is not FixKind.REFUSED)
+    assert (rule.fix.applicability is Applicability.NONE) == (rule.fix.kind is FixKind.REFUSED)

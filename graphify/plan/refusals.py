@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphify.model import Rule, Severity
+from graphify.model import Applicability, Fix, FixKind, Partial, Rule, Severity
 
 
-def _rule(code: str, name: str, summary: str, rewritable: bool) -> Rule:
-    return Rule(code, name, "rewrite-safety", Severity.ERROR, summary, rewritable)
+def _rule(code: str, name: str, summary: str, rewritable: bool, fix: Fix) -> Rule:
+    return Rule(code, name, "rewrite-safety", Severity.ERROR, summary, rewritable, fix)
 
 
 PER_STEP_HOST_VALUE = _rule(
@@ -24,36 +24,46 @@ PER_STEP_HOST_VALUE = _rule(
     "per-step-host-value",
     "the step reads a Python value that changes between steps; capture would freeze it",
     False,
+    Fix(advice="keep the value on the device and update it in place before the step (`t.fill_(value)`), or make it constant for the loop"),
 )
 HOST_SIDE_EFFECT = _rule(
     "GFY702",
     "host-side-effect-in-step",
     "the step calls something with host side effects (`next`, `random`, numpy RNG, time, I/O); capture would run it once",
     True,  # only host draws that build the step's inputs: the rewrite draws them before each replay
+    Fix(
+        FixKind.FETCHED,
+        Applicability.SAFE,
+        advice="fetch batches and draw host random numbers before the step; draw random numbers on the device inside it",
+    ),
 )
 MUTATED_STATE = _rule(
     "GFY703",
     "mutated-host-state",
     "an attribute or module mode the step depends on is changed in the loop or inside the step",
     False,
+    Fix(partial=Partial.NEVER, advice="keep such state on the device, or constant for the loop; change modes outside the step"),
 )
 ORDER = _rule(
     "GFY704",
     "order-dependent-host-statement",
     "a host statement inside the step cannot move out of it without changing the order of effects",
     False,
+    Fix(advice="put host work before the forward pass or after the optimizer step"),
 )
 HOST_BRANCH_IN_STEP = _rule(
     "GFY705",
     "host-branch-with-else-in-step",
     "a host `if` inside the step with an `elif`, on one line, with host statements in its `else`, or alone binding a value read after the step; one graph per outcome is not built for it",
     False,
+    Fix(advice="write the branch as `if`/`else` whose branches only launch GPU work, or move it out of the step"),
 )
 LOOP_SHAPE = _rule(
     "GFY706",
     "unsupported-loop-shape",
     "the loop's shape is not one the rewrite handles (`else:` clause, step outside the loop body, GradScaler step before backward, a function defined in the loop)",
     False,
+    Fix(advice="keep the step in the loop body (not in functions defined in the loop), and `else:` logic after the loop"),
 )
 
 DDP_MODEL = Rule(
@@ -63,16 +73,8 @@ DDP_MODEL = Rule(
     Severity.ERROR,
     "a DistributedDataParallel model needs side-stream construction and 11 warmup steps",
     True,
+    Fix(FixKind.SIDE_STREAM, Applicability.GUARDED),
 )
-
-FIXES = {
-    "GFY701": "keep the value on the device and update it in place before the step (`t.fill_(value)`), or make it constant for the loop",
-    "GFY702": "fetch batches and draw host random numbers before the step; draw random numbers on the device inside it",
-    "GFY703": "keep such state on the device, or constant for the loop; change modes outside the step",
-    "GFY704": "put host work before the forward pass or after the optimizer step",
-    "GFY705": "write the branch as `if`/`else` whose branches only launch GPU work, or move it out of the step",
-    "GFY706": "keep the step in the loop body (not in functions defined in the loop), and `else:` logic after the loop",
-}
 
 
 class Refusal(Exception):

@@ -5,6 +5,7 @@ import libcst as cst
 from graphify.analysis.checker import code_of
 from graphify.analysis.calls import iter_nodes
 from graphify.analysis.devices import legacy_tensor_type
+from graphify.model import Applicability, Fix, FixKind
 from graphify.rules.registry import rule
 
 HOST_DATA = rule(
@@ -14,6 +15,7 @@ HOST_DATA = rule(
     "error",
     "`torch.tensor`/`as_tensor`/`from_numpy` of host data: the value is frozen at capture",
     True,
+    Fix(FixKind.DRAWN, Applicability.SAFE),
 )
 FACTORY_HOST_ARGS = rule(
     "GFY202",

@@ -6,6 +6,7 @@ from graphify.analysis.checker import code_of, kwarg
 from graphify.analysis.calls import is_delegated_step, method_call
 from graphify.analysis.names import dotted
 from graphify.analysis.vocabulary import SCALER
+from graphify.model import Applicability, Fix, FixKind
 from graphify.rules.registry import rule
 
 SCALER_STEP = rule(
@@ -15,9 +16,16 @@ SCALER_STEP = rule(
     "error",
     "`GradScaler.step` reads `found_inf` on the host; `update` must run where `step` runs",
     True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
 )
 AUTOCAST_CACHE = rule(
-    "GFY422", "autocast-cache", "amp-grad-scaler", "warning", "`autocast` inside a captured step needs `cache_enabled=False`", True
+    "GFY422",
+    "autocast-cache",
+    "amp-grad-scaler",
+    "warning",
+    "`autocast` inside a captured step needs `cache_enabled=False`",
+    True,
+    Fix(FixKind.IN_PLACE, Applicability.SAFE),
 )
 
 SCALER_HELPER = rule(

@@ -8,6 +8,7 @@ from graphify.analysis.calls import iter_nodes, method_call
 from graphify.analysis.names import dotted
 from graphify.analysis.scope import collect_scope
 from graphify.analysis.vocabulary import DDP, LOSS, MODEL
+from graphify.model import Applicability, Fix, FixKind
 from graphify.rules.registry import rule
 
 STEP_INPUT_COPY = rule(
@@ -17,6 +18,7 @@ STEP_INPUT_COPY = rule(
     "error",
     "`.to(device)`/`.cuda()` of per-step data reads a host address that replay never refreshes",
     True,
+    Fix(FixKind.STATIC_INPUT, Applicability.SAFE),
 )
 HOST_TENSOR_COPY = rule(
     "GFY302",
@@ -25,6 +27,7 @@ HOST_TENSOR_COPY = rule(
     "error",
     "a tensor created on the host inside the step is copied to the device",
     True,
+    Fix(FixKind.ON_DEVICE, Applicability.SAFE),
 )
 
 HOST_ARRAY_INDEX = rule(

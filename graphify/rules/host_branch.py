@@ -6,6 +6,7 @@ from graphify.analysis.checker import code_of
 from graphify.analysis.calls import is_optimizer_step, is_periodic_gpu_branch, iter_nodes, method_call
 from graphify.analysis.statements import does_gpu_work, exit_else, is_host_read_call
 from graphify.analysis.vocabulary import ACCELERATOR, MODEL, OPTIMIZER, SCALER
+from graphify.model import Applicability, Fix, FixKind
 from graphify.rules.registry import rule
 
 ACCUMULATION = rule(
@@ -15,9 +16,16 @@ ACCUMULATION = rule(
     "error",
     "an optimizer step or `zero_grad` under a step-counter condition (gradient accumulation)",
     True,
+    Fix(FixKind.IN_PLACE, Applicability.SAFE),
 )
 PERIODIC_WORK = rule(
-    "GFY502", "periodic-gpu-work", "host-branch", "warning", "evaluation or other GPU work under a step-counter condition", True
+    "GFY502",
+    "periodic-gpu-work",
+    "host-branch",
+    "warning",
+    "evaluation or other GPU work under a step-counter condition",
+    True,
+    Fix(FixKind.EAGER, Applicability.SAFE),
 )
 
 RULES = (ACCUMULATION, PERIODIC_WORK)

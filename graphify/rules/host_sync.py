@@ -13,19 +13,62 @@ from graphify.analysis.logging_calls import is_logging_call
 from graphify.analysis.names import dotted
 from graphify.analysis.vocabulary import DDP, LOSS, MODEL
 from graphify.rules.host_tensors import host_batch_names, model_output, on_host
+from graphify.model import Applicability, Fix, FixKind
 from graphify.rules.registry import rule
 
-ITEM = rule("GFY001", "tensor-item", "host-sync", "error", "`.item()` on a tensor copies it to the host and waits for the GPU", True)
-TOLIST = rule("GFY002", "tensor-tolist", "host-sync", "error", "`.tolist()` on a tensor copies it to the host and waits for the GPU", True)
-TO_CPU = rule(
-    "GFY003", "tensor-to-cpu", "host-sync", "error", "`.cpu()` / `.to('cpu')` copies a tensor to the host and waits for the GPU", True
+ITEM = rule(
+    "GFY001",
+    "tensor-item",
+    "host-sync",
+    "error",
+    "`.item()` on a tensor copies it to the host and waits for the GPU",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
 )
-NUMPY = rule("GFY004", "tensor-numpy", "host-sync", "error", "`.numpy()` needs the tensor on the host", True)
+TOLIST = rule(
+    "GFY002",
+    "tensor-tolist",
+    "host-sync",
+    "error",
+    "`.tolist()` on a tensor copies it to the host and waits for the GPU",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
+)
+TO_CPU = rule(
+    "GFY003",
+    "tensor-to-cpu",
+    "host-sync",
+    "error",
+    "`.cpu()` / `.to('cpu')` copies a tensor to the host and waits for the GPU",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
+)
+NUMPY = rule(
+    "GFY004",
+    "tensor-numpy",
+    "host-sync",
+    "error",
+    "`.numpy()` needs the tensor on the host",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
+)
 SCALAR = rule(
-    "GFY005", "tensor-to-python-scalar", "host-sync", "error", "`float()`, `int()`, `bool()` of a tensor read its value on the host", True
+    "GFY005",
+    "tensor-to-python-scalar",
+    "host-sync",
+    "error",
+    "`float()`, `int()`, `bool()` of a tensor read its value on the host",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
 )
 FORMAT = rule(
-    "GFY006", "tensor-formatted", "host-sync", "error", "a tensor printed, logged or formatted into a string is read on the host", True
+    "GFY006",
+    "tensor-formatted",
+    "host-sync",
+    "error",
+    "a tensor printed, logged or formatted into a string is read on the host",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
 )
 SYNCHRONIZE = rule(
     "GFY007",
@@ -34,6 +77,7 @@ SYNCHRONIZE = rule(
     "error",
     "`torch.cuda.synchronize()` and stream/event synchronization are illegal during capture",
     True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
 )
 # Sized from data: a dynamic shape first (the sync follows from it), so their category is dynamic-shape.
 DYNAMIC_OUTPUT = rule(
@@ -62,6 +106,7 @@ EMPTY_CACHE = rule(
     "error",
     "`torch.cuda.empty_cache()` in the step: costly, and on some PyTorch versions it breaks capture",
     True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
 )
 
 RULES = (ITEM, TOLIST, TO_CPU, NUMPY, SCALAR, FORMAT, SYNCHRONIZE, DYNAMIC_OUTPUT, MASK_INDEX, CLIP_NONFINITE, EMPTY_CACHE)

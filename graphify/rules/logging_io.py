@@ -7,6 +7,7 @@ from graphify.analysis.logging_calls import is_file_write, is_logging_call, is_n
 from graphify.analysis.calls import is_periodic_gpu_branch, method_call
 from graphify.analysis.names import dotted
 from graphify.analysis.statements import walk
+from graphify.model import Applicability, Fix, FixKind
 from graphify.rules.registry import rule
 
 LOGGING = rule(
@@ -16,9 +17,16 @@ LOGGING = rule(
     "warning",
     "print, logging, progress bars and metric loggers run only once, at capture",
     True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
 )
 CHECKPOINT = rule(
-    "GFY512", "file-io-in-step", "logging-io", "warning", "`torch.save` and file writes in the step run only once, at capture", True
+    "GFY512",
+    "file-io-in-step",
+    "logging-io",
+    "warning",
+    "`torch.save` and file writes in the step run only once, at capture",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
 )
 
 PROFILER = rule(
@@ -28,6 +36,7 @@ PROFILER = rule(
     "warning",
     "profiler schedules and CUDA memory recording advance on the host, once per step; a replay does not call them",
     True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
 )
 
 RULES = (LOGGING, CHECKPOINT, PROFILER)

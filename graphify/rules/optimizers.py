@@ -7,6 +7,7 @@ import libcst as cst
 from graphify.analysis.checker import code_of, is_true, kwarg
 from graphify.analysis.calls import method_call
 from graphify.analysis.vocabulary import ADAM_FAMILY, NEVER_CAPTURABLE, OPTIMIZER, SCHEDULER
+from graphify.model import Applicability, Fix, FixKind, Partial
 from graphify.rules.registry import rule
 
 NOT_CAPTURABLE = rule(
@@ -16,6 +17,7 @@ NOT_CAPTURABLE = rule(
     "error",
     "Adam, AdamW, RMSprop and other optimizers with a `capturable` flag, built without `capturable=True`",
     True,
+    Fix(FixKind.IN_PLACE, Applicability.SAFE),
 )
 NEVER_CAPTURABLE_RULE = rule(
     "GFY402",
@@ -24,9 +26,16 @@ NEVER_CAPTURABLE_RULE = rule(
     "error",
     "LBFGS, SparseAdam and optimizers with host-side logic cannot be captured",
     False,
+    Fix(partial=Partial.NEVER),
 )
 SCHEDULER_STEP = rule(
-    "GFY411", "lr-scheduler-step", "lr-scheduler", "error", "`scheduler.step()` changes a float learning rate that capture froze", True
+    "GFY411",
+    "lr-scheduler-step",
+    "lr-scheduler",
+    "error",
+    "`scheduler.step()` changes a float learning rate that capture froze",
+    True,
+    Fix(FixKind.IN_PLACE, Applicability.SAFE),
 )
 LR_ASSIGNMENT = rule(
     "GFY412",
@@ -35,6 +44,7 @@ LR_ASSIGNMENT = rule(
     "error",
     "assigning `param_group['lr']` changes a float learning rate that capture froze",
     True,
+    Fix(FixKind.IN_PLACE, Applicability.SAFE),
 )
 
 RULES = (NOT_CAPTURABLE, NEVER_CAPTURABLE_RULE, SCHEDULER_STEP, LR_ASSIGNMENT)

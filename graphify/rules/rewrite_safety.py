@@ -17,7 +17,6 @@ from graphify.analysis.randomness import is_host_draw
 from graphify.analysis.statements import does_gpu_work, unguarded
 from graphify.analysis.vocabulary import ENV, SCALER
 from graphify.plan.refusals import (
-    FIXES,
     HOST_BRANCH_IN_STEP,
     HOST_SIDE_EFFECT,
     LOOP_SHAPE,
@@ -133,7 +132,7 @@ def _host_random_draws(ck):
             continue  # evaluation or sampling every N steps runs eagerly between replays (GFY502)
         message = f"`{code_of(node)}` draws a host random number in the step; capture would draw it once"
         if _after_first_gpu_work(ck, node, site) or _decides_gpu_work(node, site):
-            yield ck.finding(HOST_SIDE_EFFECT, node, site, message, FIXES["GFY702"], False)
+            yield ck.finding(HOST_SIDE_EFFECT, node, site, message, HOST_SIDE_EFFECT.fix.advice, False)
         elif _draws_step_input(ck, node, site):
             yield ck.finding(
                 HOST_SIDE_EFFECT, node, site, message, "graphify rewrite draws it before each replay; or draw it on the device"
@@ -156,7 +155,7 @@ def _host_interactions(ck):
         here = _statement_position(ck, node, site)
         if any(p < here for p in models) and any(p > here for p in steps):
             message = f"`{code_of(node)}` {what} in the step; capture would run it once"
-            yield ck.finding(HOST_SIDE_EFFECT, node, site, message, FIXES["GFY702"], False)
+            yield ck.finding(HOST_SIDE_EFFECT, node, site, message, HOST_SIDE_EFFECT.fix.advice, False)
 
 
 _HYPERPARAMETERS = {"weight_decay", "momentum", "betas", "eps", "dampening"}  # "lr" is GFY412's
@@ -236,7 +235,7 @@ def _counter_indexed_tensors(ck):
                 node,
                 site,
                 f"`{code_of(node)}` is indexed by `{code_of(index)}`, a host value that changes between steps; capture would freeze it",
-                FIXES["GFY701"],
+                PER_STEP_HOST_VALUE.fix.advice,
             )
 
 

@@ -8,6 +8,7 @@ from graphify.analysis.names import dotted
 from graphify.analysis.statements import unguarded, walk
 from graphify.analysis.tree import returns
 from graphify.analysis.vocabulary import ACCELERATOR
+from graphify.model import Applicability, Fix, FixKind, Partial
 from graphify.rules.registry import rule
 
 NO_DROP_LAST = rule(
@@ -17,6 +18,7 @@ NO_DROP_LAST = rule(
     "warning",
     "a DataLoader without `drop_last=True` yields a smaller last batch",
     True,
+    Fix(FixKind.IN_PLACE, Applicability.SAFE),
 )
 VARIABLE_LENGTH = rule(
     "GFY252",
@@ -25,6 +27,7 @@ VARIABLE_LENGTH = rule(
     "error",
     "per-batch padding, packing or slicing to a per-step length changes shapes every step",
     False,
+    Fix(partial=Partial.UNLESS_UNREAD),
 )
 
 GRAPH_BATCH = rule(
@@ -34,6 +37,7 @@ GRAPH_BATCH = rule(
     "error",
     "a graph library's loader (PyG, DGL) batches graphs whose node and edge counts change every batch",
     False,
+    Fix(partial=Partial.NEVER),
 )
 
 RULES = (NO_DROP_LAST, VARIABLE_LENGTH, GRAPH_BATCH)
