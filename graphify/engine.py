@@ -77,7 +77,7 @@ def analyze_module(source: str, path: str, settings, program: Program | None = N
 
 
 def _analyze_module(source: str, path: str, settings, program: Program | None) -> ModuleResult:
-    from graphify.rules import families
+    from graphify.rules import detectors
 
     report = Report(files_checked=1)
     rewritten = any(f"{helper}(" in source for helper in RUNTIME_HELPERS)  # its loops may no longer step themselves
@@ -108,8 +108,8 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
             continue
         checker = Checker(loop)
         seen = set()
-        for family in families():
-            for finding in family.check(checker):
+        for detect in detectors():
+            for finding in detect(checker):
                 key = (id(finding.node), finding.rule.code)
                 if key in seen:
                     continue

@@ -1,43 +1,82 @@
-"""Rule registry: every rule family is one module exposing RULES and a check(ctx) generator."""
+"""The rule registry. A rule is one module, graphify/rules/<family>/gfyNNN_<name>.py, holding all of it:
+
+* `RULE`: its metadata (code, name, category, severity, summary) and its fix descriptor (`RULE.fix`: what
+  `graphify rewrite` does about its findings, and how safe that is), made with `rule(...)`;
+* `detect(ck)`: a generator of its findings in one loop (absent for a rule only the planner decides);
+* `CASES`: flagged and clean code, `{name: (flagged, clean)}`, the flagged code marking with `# here`
+  each line reported (tests/test_rule_cases.py runs them);
+* `DOC`: its one-screen page, printed by `graphify rule CODE` and published by `python -m graphify.docgen`.
+
+Helpers a family's rules share stay in the family's `shared.py` (or in graphify/analysis/). A family not
+yet split keeps one module exposing `RULES` and `check(ck)`, its docs in graphify/rules/docs/.
+"""
 
 from __future__ import annotations
 
-from typing import Iterable
+from functools import cache
+from types import ModuleType
+from typing import Callable, Iterable, Iterator
 
 from graphify.model import Rule
 
 from graphify.rules.registry import CATEGORIES, rule  # noqa: F401  (re-exported)
 
+# Every rule, one line each (a family not yet split: one line for the family). The engine runs their
+# detections in this order, which is the order of their findings.
+REGISTRY = (
+    "host_sync",
+    "branches",
+    "allocation",
+    "devices",
+    "shapes",
+    "optimizers",
+    "amp",
+    "host_branch",
+    "logging_io",
+    "rng.gfy601_rng_state_in_step",
+    "rng.gfy602_custom_generator_in_step",
+    "distributed",
+    "rewrite_safety",
+)
 
-def families():
+
+@cache
+def units() -> tuple[ModuleType, ...]:
     # Imported lazily so that `graphify rules` and the reporters stay cheap to import.
-    from graphify.rules import (
-        allocation,
-        amp,
-        branches,
-        devices,
-        distributed,
-        host_branch,
-        host_sync,
-        logging_io,
-        optimizers,
-        rewrite_safety,
-        rng,
-        shapes,
-    )
+    from importlib import import_module
 
-    return (host_sync, branches, allocation, devices, shapes, optimizers, amp, host_branch, logging_io, rng, distributed, rewrite_safety)
+    return tuple(import_module(f"graphify.rules.{name}") for name in REGISTRY)
+
+
+def _rules_of(unit: ModuleType) -> tuple[Rule, ...]:
+    return (unit.RULE,) if hasattr(unit, "RULE") else unit.RULES
+
+
+def detectors() -> Iterator[Callable]:
+    """Each rule's `detect(ck)` (a family's `check(ck)`), in the registry's order."""
+    for unit in units():
+        detect = getattr(unit, "detect", None) or getattr(unit, "check", None)
+        if detect is not None:
+            yield detect
 
 
 def all_rules() -> list[Rule]:
-    return sorted((r for fam in families() for r in fam.RULES), key=lambda r: r.code)
+    return sorted((r for unit in units() for r in _rules_of(unit)), key=lambda r: r.code)
 
 
 def rules_by_code() -> dict[str, Rule]:
     return {r.code: r for r in all_rules()}
 
 
+def unit_of(code: str) -> ModuleType | None:
+    """The module of a rule split into its own (None for a rule of a family not yet split)."""
+    return next((u for u in units() if hasattr(u, "RULE") and u.RULE.code == code), None)
+
+
 def rule_doc(code: str) -> str:
+    unit = unit_of(code)
+    if unit is not None:
+        return unit.DOC
     from importlib import resources  # with tempfile and shutil: only `graphify rule` reads the docs
 
     return resources.files("graphify.rules").joinpath("docs", f"{code}.md").read_text(encoding="utf-8")

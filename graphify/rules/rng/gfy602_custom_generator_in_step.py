@@ -1,3 +1,33 @@
+"""GFY602 custom-generator-in-step."""
+
+from graphify.analysis.checker import code_of, kwarg
+from graphify.rules.registry import rule
+from graphify.rules.rng.shared import torch_call, touches_state
+
+RULE = rule(
+    "GFY602",
+    "custom-generator-in-step",
+    "rng",
+    "error",
+    "random ops on a custom `torch.Generator` need it registered with the graph",
+    False,
+)
+
+
+def detect(ck):
+    for call, site in ck.calls():
+        last = torch_call(call, site)
+        if last is not None and not touches_state(last) and kwarg(call, "generator") is not None:
+            yield ck.finding(
+                RULE,
+                call,
+                site,
+                f"`{code_of(call)}` draws from a custom generator",
+                "use the default CUDA generator, or register the generator with `graph.register_generator_state(gen)` before capture",
+            )
+
+
+DOC = """\
 # GFY602 custom-generator-in-step
 
 *Category: rng · Severity: error · Removed by `graphify rewrite`: no*
@@ -46,3 +76,4 @@ with torch.cuda.graph(g):
 ## Suppress
 
 Add `# graphify: ignore[GFY602]` to the flagged line.
+"""

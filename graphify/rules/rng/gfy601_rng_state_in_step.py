@@ -1,3 +1,26 @@
+"""GFY601 rng-state-in-step."""
+
+from graphify.analysis.checker import code_of
+from graphify.rules.registry import rule
+from graphify.rules.rng.shared import torch_call, touches_state
+
+RULE = rule("GFY601", "rng-state-in-step", "rng", "error", "seeding, or reading/setting RNG state inside the step, is not replayed", False)
+
+
+def detect(ck):
+    for call, site in ck.calls():
+        last = torch_call(call, site)
+        if last is not None and touches_state(last):
+            yield ck.finding(
+                RULE,
+                call,
+                site,
+                f"`{code_of(call)}` touches RNG state inside the step",
+                "seed once before the loop; for per-step generators register them with `graph.register_generator_state`",
+            )
+
+
+DOC = """\
 # GFY601 rng-state-in-step
 
 *Category: rng · Severity: error · Removed by `graphify rewrite`: no*
@@ -44,3 +67,4 @@ for x, y in loader:
 ## Suppress
 
 Add `# graphify: ignore[GFY601]` to the flagged line.
+"""
