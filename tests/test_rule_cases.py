@@ -260,23 +260,6 @@ CASES = {
             loss.backward(); opt.step(); opt.zero_grad()
         """,
     ),
-    "GFY421-unscale": (
-        "GFY421",
-        """
-        scaler = torch.amp.GradScaler()
-        for x, y in loader:
-            scaler.scale(criterion(model(x), y)).backward()
-            scaler.unscale_(opt)  # here
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        """,
-        """
-        scaler = torch.amp.GradScaler()
-        for x, y in loader:
-            scaler.scale(criterion(model(x), y)).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.unscale_(opt)
-        """,
-    ),
     "GFY612-no-sync-kept-and-fsdp-toggle": (
         "GFY612",
         """
@@ -396,31 +379,6 @@ CASES = {
             pending = train_step(x, y, pending)
         """,
     ),
-    "GFY422-closure-from-factory": (
-        "GFY422",
-        """
-        def make_step(model, opt):
-            def step(x, y):
-                with torch.autocast("cuda"):  # here
-                    loss = criterion(model(x), y)
-                loss.backward(); opt.step(); opt.zero_grad()
-            return step
-        step = make_step(model, opt)
-        for x, y in loader:
-            step(x, y)
-        """,
-        """
-        def make_step(model, opt):
-            def step(x, y):
-                with torch.autocast("cuda", cache_enabled=False):
-                    loss = criterion(model(x), y)
-                loss.backward(); opt.step(); opt.zero_grad()
-            return step
-        step = make_step(model, opt)
-        for x, y in loader:
-            step(x, y)
-        """,
-    ),
     "GFY611-loss-module-handed-to-the-loop": (
         "GFY611",
         """
@@ -473,32 +431,6 @@ CASES = {
                 with torch.no_grad():
                     sample = model(x)
                 save(i)
-        """,
-    ),
-    "GFY101-reduced-loss-dict": (
-        "GFY101",
-        """
-        import math
-        for x, y in loader:
-            loss_dict = criterion(model(x), y)
-            losses = sum(loss_dict[k] for k in loss_dict.keys())
-            losses.backward(); opt.step(); opt.zero_grad()
-            reduced = utils.reduce_dict(loss_dict)
-            scaled = {k: v * 2 for k, v in reduced.items()}
-            loss_value = sum(scaled.values()).item()
-            if not math.isfinite(loss_value):  # here
-                break
-        """,
-        """
-        import math
-        for x, y in loader:
-            loss_dict = criterion(model(x), y)
-            losses = sum(loss_dict[k] for k in loss_dict.keys())
-            losses.backward(); opt.step(); opt.zero_grad()
-            summary = utils.summarize(loss_dict)
-            loss_value = sum(summary.values())
-            if not math.isfinite(loss_value):
-                break
         """,
     ),
     "GFY006-tensor-dict-logged": (
@@ -1066,21 +998,6 @@ CASES = {
             loss.backward(); opt.step(); opt.zero_grad()
         """,
     ),
-    "GFY423-loss-scaler-on-unknown-loss": (
-        "GFY423",
-        """
-        loss_scaler = timm.utils.NativeScaler()
-        for x, y in loader:
-            result = task(x, y)
-            loss_scaler(result["loss"], opt, clip_grad=1.0)  # here
-        """,
-        """
-        for x, y in loader:
-            result = task(x, y)
-            scaled = loss_scaler(result["loss"])
-            scaled.backward(); opt.step(); opt.zero_grad()
-        """,
-    ),
     "GFY003-module-put-in-eval-mode": (
         "GFY003",
         """
@@ -1166,27 +1083,6 @@ CASES = {
             meter.update(acc)
             loss = criterion(out, y)
             loss.backward(); opt.step(); opt.zero_grad()
-        """,
-    ),
-    "GFY101-host-ints-converted-from-a-tensor": (
-        "GFY101",
-        """
-        times = torch.linspace(0, 99, 10).int()
-        with torch.no_grad():
-            for t in times:
-                x = model(x)
-                if t < 50:  # here
-                    x = x * 0.5
-        """,
-        """
-        times = torch.linspace(0, 99, 10)
-        times = list(reversed(times.int().tolist()))
-        pairs = list(zip(times[:-1], times[1:]))
-        with torch.no_grad():
-            for t, t_next in pairs:
-                x = model(x)
-                if t_next < 0:
-                    continue
         """,
     ),
     "GFY703-requires-grad-of-a-module-not-a-tensor": (

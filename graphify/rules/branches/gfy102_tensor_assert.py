@@ -1,3 +1,30 @@
+"""GFY102 tensor-assert."""
+
+import libcst as cst
+
+from graphify.analysis.checker import code_of
+from graphify.rules.branches.shared import reads_tensor_value
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY102", "tensor-assert", "data-dependent-branch", "error", "`assert` on a tensor value syncs, and is not re-checked on replay", False
+)
+
+
+def detect(ck):
+    for node, site in ck.nodes():
+        env = site.env
+        if isinstance(node, cst.Assert) and env.is_tensor(node.test) and not reads_tensor_value(node.test, env):  # else GFY101
+            yield ck.finding(
+                RULE,
+                node,
+                site,
+                f"assert on tensor value `{code_of(node.test)}`",
+                "check after the step (outside the captured region), or drop the assert in the hot loop",
+            )
+
+
+DOC = """\
 # GFY102 tensor-assert
 
 *Category: data-dependent-branch · Severity: error · Removed by `graphify rewrite`: no*
@@ -43,3 +70,4 @@ assert finite.item(), "loss diverged during this epoch"
 ## Suppress
 
 Add `# graphify: ignore[GFY102]` to the flagged line.
+"""

@@ -1,3 +1,40 @@
+"""GFY202 factory-with-step-values."""
+
+import libcst as cst
+
+from graphify.analysis.checker import code_of
+from graphify.analysis.calls import iter_nodes
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY202",
+    "factory-with-step-values",
+    "in-loop-allocation",
+    "error",
+    "a tensor factory whose size or fill value changes per step is frozen at capture",
+    False,
+)
+
+
+_FACTORIES = {"zeros", "ones", "full", "empty", "arange", "linspace", "logspace", "randn", "rand", "randint", "randperm", "eye", "normal"}
+
+
+def detect(ck):
+    for call, site in ck.calls():
+        qual = site.env.qualify(call.func) or ""
+        if qual.startswith("torch.") and qual.rsplit(".", 1)[-1] in _FACTORIES:
+            used = sorted({n.value for a in call.args for n in iter_nodes(a.value) if isinstance(n, cst.Name) and n.value in ck.counters})
+            if used:
+                yield ck.finding(
+                    RULE,
+                    call,
+                    site,
+                    f"`{code_of(call)}` depends on per-step host value `{used[0]}`, frozen at capture",
+                    f"keep `{used[0]}` in a device tensor updated with `fill_()` before each replay",
+                )
+
+
+DOC = """\
 # GFY202 factory-with-step-values
 
 *Category: in-loop-allocation · Severity: error · Removed by `graphify rewrite`: no*
@@ -45,3 +82,4 @@ for x, y in loader:
 ## Suppress
 
 Add `# graphify: ignore[GFY202]` to the flagged line.
+"""

@@ -1,3 +1,57 @@
+"""GFY421 grad-scaler-step."""
+
+from graphify.analysis.checker import code_of
+from graphify.model import Applicability, Fix, FixKind
+from graphify.rules.amp.shared import scaler_method
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY421",
+    "grad-scaler-step",
+    "amp-grad-scaler",
+    "error",
+    "`GradScaler.step` reads `found_inf` on the host; `update` must run where `step` runs",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
+)
+
+
+def detect(ck):
+    for node, site in ck.nodes():
+        method = scaler_method(node, site.env)
+        if method is not None:
+            what = (
+                "records the optimizer as unscaled in the scaler's host state" if method == "unscale_" else "reads `found_inf` on the host"
+            )
+            yield ck.finding(
+                RULE,
+                node,
+                site,
+                f"`{code_of(node)}` {what}",
+                "capture forward and scaled backward; run `scaler.step`/`scaler.update` eagerly after the replay",
+            )
+
+
+CASES = {
+    "unscale": (
+        """
+        scaler = torch.amp.GradScaler()
+        for x, y in loader:
+            scaler.scale(criterion(model(x), y)).backward()
+            scaler.unscale_(opt)  # here
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        """,
+        """
+        scaler = torch.amp.GradScaler()
+        for x, y in loader:
+            scaler.scale(criterion(model(x), y)).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.unscale_(opt)
+        """,
+    ),
+}
+
+DOC = """\
 # GFY421 grad-scaler-step
 
 *Category: amp-grad-scaler · Severity: error · Removed by `graphify rewrite`: yes*
@@ -48,3 +102,4 @@ for x, y in loader:
 ## Suppress
 
 Add `# graphify: ignore[GFY421]` to the flagged line.
+"""

@@ -1,3 +1,59 @@
+"""GFY103 tensor-boolean-expression."""
+
+import libcst as cst
+
+from graphify.analysis.checker import code_of
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY103",
+    "tensor-boolean-expression",
+    "data-dependent-branch",
+    "error",
+    "a conditional expression, `and`/`or`/`not` or `min`/`max` over tensor values",
+    False,
+)
+
+
+_CONDITION_PARENTS = (cst.If, cst.While, cst.Assert, cst.IfExp)
+
+
+def _in_condition(site):
+    return any(isinstance(a, _CONDITION_PARENTS) for a in site.ancestors)
+
+
+def detect(ck):
+    for node, site in ck.nodes():
+        env = site.env
+        if isinstance(node, cst.IfExp) and env.is_tensor(node.test):
+            yield ck.finding(
+                RULE,
+                node,
+                site,
+                f"conditional expression on tensor value `{code_of(node.test)}`",
+                "use `torch.where(cond, a, b)`",
+            )
+        elif isinstance(node, cst.BooleanOperation) and not _in_condition(site):
+            if env.is_tensor(node.left) or env.is_tensor(node.right):
+                yield ck.finding(
+                    RULE,
+                    node,
+                    site,
+                    f"`and`/`or` on tensor values in `{code_of(node)}`",
+                    "use `torch.logical_and`/`logical_or` or `&`/`|`",
+                )
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in ("max", "min") and len(node.args) >= 2:
+            if any(env.is_tensor(a.value) for a in node.args):
+                yield ck.finding(
+                    RULE,
+                    node,
+                    site,
+                    f"Python `{node.func.value}()` compares tensor values in `{code_of(node)}`",
+                    f"use `torch.{node.func.value}imum(a, b)`",
+                )
+
+
+DOC = """\
 # GFY103 tensor-boolean-expression
 
 *Category: data-dependent-branch · Severity: error · Removed by `graphify rewrite`: no*
@@ -44,3 +100,4 @@ for x, y in loader:
 ## Suppress
 
 Add `# graphify: ignore[GFY103]` to the flagged line.
+"""

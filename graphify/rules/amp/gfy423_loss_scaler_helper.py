@@ -1,3 +1,59 @@
+"""GFY423 loss-scaler-helper."""
+
+import libcst as cst
+
+from graphify.analysis.calls import is_delegated_step
+from graphify.analysis.checker import code_of
+from graphify.analysis.vocabulary import SCALER
+from graphify.rules.amp.shared import scaler_method
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY423",
+    "loss-scaler-helper",
+    "amp-grad-scaler",
+    "error",
+    "a loss-scaler object called with the loss and the optimizer runs backward and `GradScaler.step` out of sight",
+    False,
+)
+
+
+def detect(ck):
+    for node, site in ck.nodes():
+        env = site.env
+        if (
+            isinstance(node, cst.Call)
+            and is_delegated_step(node, env)
+            and env.kind_of(node.func) == SCALER
+            and scaler_method(node, env) is None
+        ):
+            yield ck.finding(
+                RULE,
+                node,
+                site,
+                f"`{code_of(node.func)}(...)` runs backward, `GradScaler.step` and `update` inside itself",
+                "call `scaler.scale(loss).backward()`, `scaler.step(optimizer)` and `scaler.update()` in the loop",
+            )
+
+
+CASES = {
+    "loss-scaler-on-unknown-loss": (
+        """
+        loss_scaler = timm.utils.NativeScaler()
+        for x, y in loader:
+            result = task(x, y)
+            loss_scaler(result["loss"], opt, clip_grad=1.0)  # here
+        """,
+        """
+        for x, y in loader:
+            result = task(x, y)
+            scaled = loss_scaler(result["loss"])
+            scaled.backward(); opt.step(); opt.zero_grad()
+        """,
+    ),
+}
+
+DOC = """\
 # GFY423 loss-scaler-helper
 
 *Category: amp-grad-scaler · Severity: error · Removed by `graphify rewrite`: no*
@@ -43,3 +99,4 @@ for x, y in loader:
 ## Suppress
 
 Add `# graphify: ignore[GFY423]` to the flagged line; the rewrite still leaves the loop alone.
+"""

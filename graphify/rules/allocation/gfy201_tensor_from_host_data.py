@@ -1,3 +1,66 @@
+"""GFY201 tensor-from-host-data."""
+
+import libcst as cst
+
+from graphify.analysis.checker import code_of
+from graphify.analysis.devices import legacy_tensor_type
+from graphify.model import Applicability, Fix, FixKind
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY201",
+    "tensor-from-host-data",
+    "in-loop-allocation",
+    "error",
+    "`torch.tensor`/`as_tensor`/`from_numpy` of host data: the value is frozen at capture",
+    True,
+    Fix(FixKind.DRAWN, Applicability.SAFE),
+)
+
+
+_FROM_HOST = {
+    "tensor",
+    "as_tensor",
+    "from_numpy",
+    "Tensor",
+    "FloatTensor",
+    "LongTensor",
+    "IntTensor",
+    "BoolTensor",
+    "HalfTensor",
+    "DoubleTensor",
+    "ByteTensor",
+}
+
+
+def _host_data(expr, env) -> bool:
+    """Values, not sizes: a list literal or something numpy built."""
+    if isinstance(expr, (cst.List, cst.Tuple, cst.ListComp)):
+        return True
+    return isinstance(expr, cst.Call) and (env.qualify(expr.func) or "").startswith("numpy.")
+
+
+def detect(ck):
+    for call, site in ck.calls():
+        env = site.env
+        qual = env.qualify(call.func) or ""
+        if not qual.startswith("torch.") and call.args and legacy_tensor_type(call.func, env) and _host_data(call.args[0].value, env):
+            qual = "torch.Tensor"  # Tensor(np.random.normal(...)), Tensor = torch.cuda.FloatTensor
+        if qual.startswith("torch.") and qual.rsplit(".", 1)[-1] in _FROM_HOST:
+            # Input preparation before the step (in the body, or in a helper such as get_batch() called
+            # there) stays eager; anywhere else the value would be frozen at capture.
+            removable = ck.before_gpu_work(call)
+            yield ck.finding(
+                RULE,
+                call,
+                site,
+                f"`{code_of(call)}` builds a tensor from host data inside the step",
+                "build per-step inputs before the step and copy them into a static buffer; create constants once before the loop",
+                removable,
+            )
+
+
+DOC = """\
 # GFY201 tensor-from-host-data
 
 *Category: in-loop-allocation · Severity: error · Removed by `graphify rewrite`: when built before the step's GPU work*
@@ -46,3 +109,4 @@ for step, (x, y) in enumerate(loader):
 ## Suppress
 
 Add `# graphify: ignore[GFY201]` to the flagged line.
+"""
