@@ -36,12 +36,23 @@ REGISTRY = (
     "amp.gfy421_grad_scaler_step",
     "amp.gfy422_autocast_cache",
     "amp.gfy423_loss_scaler_helper",
-    "host_branch",
-    "logging_io",
+    "host_branch.gfy501_gradient_accumulation_branch",
+    "host_branch.gfy502_periodic_gpu_work",
+    "logging_io.gfy511_host_logging_in_step",
+    "logging_io.gfy512_file_io_in_step",
+    "logging_io.gfy513_profiler_in_step",
     "rng.gfy601_rng_state_in_step",
     "rng.gfy602_custom_generator_in_step",
-    "distributed",
-    "rewrite_safety",
+    "distributed.gfy611_collective_in_step",
+    "distributed.gfy613_ddp_model_in_step",
+    "distributed.gfy612_ddp_no_sync",
+    "rewrite_safety.gfy702_host_side_effect_in_step",
+    "rewrite_safety.gfy703_mutated_host_state",
+    "rewrite_safety.gfy701_per_step_host_value",
+    "rewrite_safety.gfy707_step_inside_opaque_helper",
+    "rewrite_safety.gfy704_order_dependent_host_statement",  # decided by the planner: no detect
+    "rewrite_safety.gfy705_host_branch_with_else_in_step",  # decided by the planner: no detect
+    "rewrite_safety.gfy706_unsupported_loop_shape",  # decided by the planner: no detect
 )
 
 

@@ -1,3 +1,20 @@
+"""GFY704 order-dependent-host-statement: decided by the planner (graphify/plan/dataflow.py, whole.py), no pattern of its own."""
+
+from graphify.model import Fix
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY704",
+    "order-dependent-host-statement",
+    "rewrite-safety",
+    "error",
+    "a host statement inside the step cannot move out of it without changing the order of effects",
+    False,
+    Fix(advice="put host work before the forward pass or after the optimizer step"),
+)
+
+
+DOC = """\
 # GFY704 order-dependent-host-statement
 
 *Category: rewrite-safety · Severity: error · Removed by `graphify rewrite`: no*
@@ -49,3 +66,4 @@ for x, y in loader:
 ## Suppress
 
 `# graphify: ignore[GFY704]` hides the diagnostic from `check`; the rewrite still leaves the loop alone.
+"""

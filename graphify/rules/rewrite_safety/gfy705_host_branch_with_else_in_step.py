@@ -1,3 +1,20 @@
+"""GFY705 host-branch-with-else-in-step: decided by the planner (graphify/plan/whole.py), no pattern of its own."""
+
+from graphify.model import Fix
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY705",
+    "host-branch-with-else-in-step",
+    "rewrite-safety",
+    "error",
+    "a host `if` inside the step with an `elif`, on one line, with host statements in its `else`, or alone binding a value read after the step; one graph per outcome is not built for it",
+    False,
+    Fix(advice="write the branch as `if`/`else` whose branches only launch GPU work, or move it out of the step"),
+)
+
+
+DOC = """\
 # GFY705 host-branch-with-else-in-step
 
 *Category: rewrite-safety · Severity: error · Removed by `graphify rewrite`: no*
@@ -53,3 +70,4 @@ for epoch in range(epochs):
 ## Suppress
 
 `# graphify: ignore[GFY705]` hides the diagnostic from `check`; the rewrite still leaves the loop alone.
+"""

@@ -1,3 +1,41 @@
+"""GFY613 ddp-model-in-step."""
+
+from graphify.analysis.checker import code_of
+from graphify.model import Applicability, Fix, FixKind
+from graphify.rules.distributed.shared import followed_calls, runs_ddp
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY613",
+    "ddp-model-in-step",
+    "distributed",
+    "error",
+    "a DistributedDataParallel model needs side-stream construction and 11 warmup steps",
+    True,
+    Fix(FixKind.SIDE_STREAM, Applicability.GUARDED),
+)
+
+
+def detect(ck):
+    seen = set()
+    followed = followed_calls(ck)
+    for node, site in ck.nodes():
+        env = site.env
+        if runs_ddp(node, env, followed):
+            built = ck.construction(node.func, env)
+            target = built if built is not None else (node, env.module)
+            if id(target[0]) not in seen:
+                seen.add(id(target[0]))
+                yield ck.finding_at(
+                    RULE,
+                    target[0],
+                    target[1],
+                    f"`{code_of(target[0])}` runs DDP hooks in the step",
+                    "build DDP on a side stream, turn NCCL async error handling off and warm up 11 steps before capture",
+                )
+
+
+DOC = """\
 # GFY613 ddp-model-in-step
 
 *Category: distributed · Severity: error · Removed by `graphify rewrite`: when the `DistributedDataParallel(...)` call is in the rewritten file*
@@ -52,3 +90,4 @@ model = build_on_capture_stream(DDP, net.cuda(), device_ids=[rank])
 ## Suppress
 
 Add `# graphify: ignore[GFY613]` to the flagged line.
+"""

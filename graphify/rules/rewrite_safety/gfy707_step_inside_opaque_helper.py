@@ -1,3 +1,35 @@
+"""GFY707 step-inside-opaque-helper."""
+
+import libcst as cst
+
+from graphify.analysis.calls import is_delegated_step
+from graphify.analysis.checker import code_of
+from graphify.analysis.vocabulary import SCALER
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY707",
+    "step-inside-opaque-helper",
+    "rewrite-safety",
+    "error",
+    "the loss and the optimizer are handed to a callable defined elsewhere, which runs the step out of sight",
+    False,
+)
+
+
+def detect(ck):
+    for node, site in ck.nodes():
+        if isinstance(node, cst.Call) and is_delegated_step(node, site.env) and site.env.kind_of(node.func) != SCALER:
+            yield ck.finding(
+                RULE,
+                node,
+                site,
+                f"`{code_of(node.func)}(...)` is handed the loss and the optimizer; what it runs is not visible",
+                "call `loss.backward()` and `optimizer.step()` in the loop, or in a function of the checked files",
+            )
+
+
+DOC = """\
 # GFY707 step-inside-opaque-helper
 
 *Category: rewrite-safety · Severity: error · Removed by `graphify rewrite`: no*
@@ -41,3 +73,4 @@ for x, y in loader:
 ## Suppress
 
 Add `# graphify: ignore[GFY707]` to the flagged line; the rewrite still leaves the loop alone.
+"""

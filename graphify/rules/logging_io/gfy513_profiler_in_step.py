@@ -1,3 +1,53 @@
+"""GFY513 profiler-in-step."""
+
+from graphify.analysis.checker import code_of
+from graphify.model import Applicability, Fix, FixKind
+from graphify.rules.logging_io.shared import logs, steps_profiler
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY513",
+    "profiler-in-step",
+    "logging-io",
+    "warning",
+    "profiler schedules and CUDA memory recording advance on the host, once per step; a replay does not call them",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
+)
+
+
+def detect(ck):
+    for call, site in ck.calls():
+        if not logs(call, site) and steps_profiler(call, site.env):  # else GFY511
+            yield ck.finding(
+                RULE,
+                call,
+                site,
+                f"`{code_of(call)}` would run only once, at capture",
+                "step the profiler between replays, outside the captured region",
+                True,
+            )
+
+
+CASES = {
+    "memory-history": (
+        """
+        for step, (x, y) in enumerate(loader):
+            if step == 5:
+                torch.cuda.memory._record_memory_history()  # here
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+        """,
+        """
+        torch.cuda.memory._record_memory_history()
+        for step, (x, y) in enumerate(loader):
+            criterion(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+        """,
+    ),
+}
+
+DOC = """\
 # GFY513 profiler-in-step
 
 *Category: logging-io · Severity: warning · Removed by `graphify rewrite`: yes*
@@ -43,3 +93,4 @@ prof.stop()
 ## Suppress
 
 Add `# graphify: ignore[GFY513]` to the flagged line.
+"""

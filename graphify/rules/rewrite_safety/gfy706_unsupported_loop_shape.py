@@ -1,3 +1,20 @@
+"""GFY706 unsupported-loop-shape: decided by the planner (graphify/plan/), no pattern of its own."""
+
+from graphify.model import Fix
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY706",
+    "unsupported-loop-shape",
+    "rewrite-safety",
+    "error",
+    "the loop's shape is not one the rewrite handles (`else:` clause, step outside the loop body, GradScaler step before backward, a function defined in the loop)",
+    False,
+    Fix(advice="keep the step in the loop body (not in functions defined in the loop), and `else:` logic after the loop"),
+)
+
+
+DOC = """\
 # GFY706 unsupported-loop-shape
 
 *Category: rewrite-safety · Severity: error · Removed by `graphify rewrite`: no*
@@ -44,3 +61,4 @@ print("done")
 ## Suppress
 
 `# graphify: ignore[GFY706]` hides the diagnostic from `check`; the rewrite still leaves the loop alone.
+"""

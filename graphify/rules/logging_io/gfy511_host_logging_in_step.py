@@ -1,3 +1,56 @@
+"""GFY511 host-logging-in-step."""
+
+from graphify.analysis.checker import code_of
+from graphify.model import Applicability, Fix, FixKind
+from graphify.rules.logging_io.shared import logs
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY511",
+    "host-logging-in-step",
+    "logging-io",
+    "warning",
+    "print, logging, progress bars and metric loggers run only once, at capture",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
+)
+
+
+def detect(ck):
+    for call, site in ck.calls():
+        if logs(call, site):
+            yield ck.finding(
+                RULE,
+                call,
+                site,
+                f"`{code_of(call)}` would run only once, at capture",
+                "log after the replay, from the graph's static outputs",
+                True,
+            )
+
+
+CASES = {
+    "logger-from-factory": (
+        """
+        import tracking
+        wb = tracking.get_wandb_backend()
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            wb.log({"lr": 0.1})  # here
+        """,
+        """
+        import tracking
+        wb = tracking.get_model_backend()
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            wb.log({"lr": 0.1})
+        """,
+    ),
+}
+
+DOC = """\
 # GFY511 host-logging-in-step
 
 *Category: logging-io · Severity: warning · Removed by `graphify rewrite`: yes*
@@ -47,3 +100,4 @@ for step, (x, y) in enumerate(loader):
 ## Suppress
 
 Add `# graphify: ignore[GFY511]` to the flagged line.
+"""

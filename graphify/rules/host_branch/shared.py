@@ -1,4 +1,4 @@
-"""host-branch: step-counter branches that change the GPU work of a step."""
+"""What the host-branch rules share: which host `if`s change the GPU work of a step."""
 
 import libcst as cst
 
@@ -6,29 +6,6 @@ from graphify.analysis.checker import code_of
 from graphify.analysis.calls import is_optimizer_step, is_periodic_gpu_branch, iter_nodes, method_call
 from graphify.analysis.statements import does_gpu_work, exit_else, is_host_read_call
 from graphify.analysis.vocabulary import ACCELERATOR, MODEL, OPTIMIZER, SCALER
-from graphify.model import Applicability, Fix, FixKind
-from graphify.rules.registry import rule
-
-ACCUMULATION = rule(
-    "GFY501",
-    "gradient-accumulation-branch",
-    "host-branch",
-    "error",
-    "an optimizer step or `zero_grad` under a step-counter condition (gradient accumulation)",
-    True,
-    Fix(FixKind.IN_PLACE, Applicability.SAFE),
-)
-PERIODIC_WORK = rule(
-    "GFY502",
-    "periodic-gpu-work",
-    "host-branch",
-    "warning",
-    "evaluation or other GPU work under a step-counter condition",
-    True,
-    Fix(FixKind.EAGER, Applicability.SAFE),
-)
-
-RULES = (ACCUMULATION, PERIODIC_WORK)
 
 
 def _steps_optimizer(body, env) -> bool:
@@ -78,7 +55,7 @@ def _does_work(body, env) -> bool:
     return any(isinstance(n, cst.Call) and not is_host_read_call(n, env) for n in iter_nodes(body))
 
 
-def _accumulates(item: cst.WithItem, env) -> bool:
+def accumulates(item: cst.WithItem, env) -> bool:
     m = method_call(item.item)
     return m is not None and m[1] == "accumulate" and env.kind_of(m[0]) == ACCELERATOR
 
@@ -147,60 +124,42 @@ def _else_does_gpu_work(node: cst.If, env) -> bool:
     return isinstance(orelse, cst.Else) and does_gpu_work(orelse.body, env)
 
 
-def check(ck):
-    for node, site in ck.nodes():
-        if isinstance(node, cst.WithItem) and _accumulates(node, site.env):
-            yield ck.finding(
-                ACCUMULATION,
-                node,
-                site,
-                f"`{code_of(node.item)}` steps and zeroes the optimizer only when an accumulation cycle ends",
-                "capture one graph per outcome of the accumulation condition, or accumulate by hand with `step % k`",
-                False,
-            )
-            continue
-        if not isinstance(node, cst.If) or site.env._tensor(node.test, 0) is True:
-            continue
-        if _steps_optimizer(node.body, site.env) and not ck.is_loop_invariant(node.test, site.env):
-            yield ck.finding(
-                ACCUMULATION,
-                node,
-                site,
-                f"optimizer step under host condition `{code_of(node.test)}`",
-                "capture one graph per accumulation cycle (graphify rewrite does this for `step % k` conditions)",
-                _is_counter_modulo(node.test),
-            )
-        elif _reads_loop_value(node.test, ck, site.env) and (
-            ck.steps_optimizer(node.body) or (node.orelse is not None and ck.steps_optimizer(node.orelse))
-        ):
-            yield ck.finding(
-                ACCUMULATION,
-                node,
-                site,
-                f"host condition `{code_of(node.test)}` decides how a function it calls steps the optimizer",
-                "capture one graph per outcome of the condition, or make it constant for the loop",
-                False,
-            )
-        elif (
-            jump := "continue" if _skips_step(node, site, ck) else "return" if _returns_before_step(node, site, ck) else None
-        ) is not None:
-            yield ck.finding(
-                ACCUMULATION,
-                node,
-                site,
-                f"`{jump}` under host condition `{code_of(node.test)}` skips the optimizer step (gradient accumulation)",
-                "capture one graph per accumulation cycle, or accumulate with `step % k` around the optimizer step",
-                False,
-            )
-        elif exit_else(node) is None and (
-            (is_periodic_gpu_branch(node, site.env) and not ck.is_loop_invariant(node.test, site.env))
-            or (_reads_counter(node.test, ck) and (does_gpu_work(node.body, site.env) or _else_does_gpu_work(node, site.env)))
-            or (_on_sync_boundary(node.test, site.env) and _does_work(node.body, site.env))
-        ):
-            yield ck.finding(
-                PERIODIC_WORK,
-                node,
-                site,
-                f"GPU work under host condition `{code_of(node.test)}`",
-                "run this block eagerly between replays (graphify rewrite keeps it outside the graph)",
-            )
+def host_if(node, site) -> bool:
+    """An `if` whose test is not a tensor's value (that is a data-dependent branch)."""
+    return isinstance(node, cst.If) and site.env._tensor(node.test, 0) is not True
+
+
+def accumulation(node: cst.If, site, ck) -> tuple[str, str, bool] | None:
+    """A host `if` that decides whether the step steps the optimizer (gradient accumulation): the
+    finding's message, fix and whether the rewrite removes it; None for any other."""
+    if _steps_optimizer(node.body, site.env) and not ck.is_loop_invariant(node.test, site.env):
+        return (
+            f"optimizer step under host condition `{code_of(node.test)}`",
+            "capture one graph per accumulation cycle (graphify rewrite does this for `step % k` conditions)",
+            _is_counter_modulo(node.test),
+        )
+    if _reads_loop_value(node.test, ck, site.env) and (
+        ck.steps_optimizer(node.body) or (node.orelse is not None and ck.steps_optimizer(node.orelse))
+    ):
+        return (
+            f"host condition `{code_of(node.test)}` decides how a function it calls steps the optimizer",
+            "capture one graph per outcome of the condition, or make it constant for the loop",
+            False,
+        )
+    jump = "continue" if _skips_step(node, site, ck) else "return" if _returns_before_step(node, site, ck) else None
+    if jump is not None:
+        return (
+            f"`{jump}` under host condition `{code_of(node.test)}` skips the optimizer step (gradient accumulation)",
+            "capture one graph per accumulation cycle, or accumulate with `step % k` around the optimizer step",
+            False,
+        )
+    return None
+
+
+def periodic_work(node: cst.If, site, ck) -> bool:
+    """GPU work under a step-counter condition (evaluation every N steps, a warmup branch)."""
+    return exit_else(node) is None and (
+        (is_periodic_gpu_branch(node, site.env) and not ck.is_loop_invariant(node.test, site.env))
+        or (_reads_counter(node.test, ck) and (does_gpu_work(node.body, site.env) or _else_does_gpu_work(node, site.env)))
+        or (_on_sync_boundary(node.test, site.env) and _does_work(node.body, site.env))
+    )
