@@ -77,8 +77,6 @@ def analyze_module(source: str, path: str, settings, program: Program | None = N
 
 
 def _analyze_module(source: str, path: str, settings, program: Program | None) -> ModuleResult:
-    from graphify.rules import detectors
-
     report = Report(files_checked=1)
     rewritten = any(f"{helper}(" in source for helper in RUNTIME_HELPERS)  # its loops may no longer step themselves
     if not (might_hold_loops(source) or rewritten) or is_vendored_runtime(source):
@@ -106,17 +104,15 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
             results.append(analysis)
             _report_loop(analysis, path, report)
             continue
-        checker = Checker(loop)
         seen = set()
-        for detect in detectors():
-            for finding in detect(checker):
-                key = (id(finding.node), finding.rule.code)
-                if key in seen:
-                    continue
-                seen.add(key)
-                analysis.all_findings.append(finding)
-                if reported(finding, loop):
-                    analysis.findings.append(finding)
+        for finding in _detect(Checker(loop)):
+            key = (id(finding.node), finding.rule.code)
+            if key in seen:
+                continue
+            seen.add(key)
+            analysis.all_findings.append(finding)
+            if reported(finding, loop):
+                analysis.findings.append(finding)
         _decide(analysis)
         blocked = analysis.verdict == Verdict.NOT_CAPTURABLE
         refusals = _confirm_rewrite(analysis, module)
@@ -137,6 +133,18 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
         _report_loop(analysis, path, report)
     _report_rewritten(loops, path, report)
     return ModuleResult(module, results, report)
+
+
+def _detect(checker: Checker) -> list[Finding]:
+    """Every rule's findings in one loop: family by family, each family's in the order its walk reached them."""
+    from graphify.rules import detectors
+
+    found = []
+    for family in detectors():
+        findings = [f for detect in family for f in detect(checker)]
+        findings.sort(key=lambda f: f.order if f.order is not None else (checker.position(f.node),))
+        found += findings
+    return found
 
 
 class _Reported:

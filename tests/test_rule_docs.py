@@ -19,24 +19,16 @@ def test_codes_unique_and_well_formed():
     assert all(re.fullmatch(r"GFY\d{3}", c) for c in codes), codes
 
 
-def test_one_doc_per_rule():
-    """A rule's page is its module's DOC; a rule of a family not yet split has one in graphify/rules/docs."""
-    docs_dir = Path(graphify.rules.__file__).parent / "docs"
-    in_units = [r.code for r in RULES if graphify.rules.unit_of(r.code) is not None]
-    assert sorted(p.stem for p in docs_dir.glob("*.md")) == [r.code for r in RULES if r.code not in in_units]
-    for r in RULES:
-        unit = graphify.rules.unit_of(r.code)
-        expected = unit.DOC if unit is not None else (docs_dir / f"{r.code}.md").read_text(encoding="utf-8")
-        assert rule_doc(r.code) == expected
-
-
 def test_one_module_per_rule():
-    """Each rule module defines one rule, under its code and name, in the registry's package."""
+    """Each rule is one module, named for its code and name, holding its page; every rule module of the
+    package is in the registry."""
     for unit in graphify.rules.units():
-        if hasattr(unit, "RULE"):
-            code, name = unit.RULE.code, unit.RULE.name
-            assert unit.__name__.rsplit(".", 1)[1] == f"{code.lower()}_{name.replace('-', '_')}"
-            assert not hasattr(unit, "RULES") and not hasattr(unit, "check")
+        code, name = unit.RULE.code, unit.RULE.name
+        assert unit.__name__.rsplit(".", 1)[1] == f"{code.lower()}_{name.replace('-', '_')}"
+        assert rule_doc(code) == unit.DOC
+    package = Path(graphify.rules.__file__).parent
+    modules = sorted(".".join(p.relative_to(package).with_suffix("").parts) for p in package.glob("*/gfy*.py"))
+    assert modules == sorted(graphify.rules.REGISTRY)
 
 
 def test_names_unique_kebab_case():

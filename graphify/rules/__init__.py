@@ -7,32 +7,51 @@
   each line reported (tests/test_rule_cases.py runs them);
 * `DOC`: its one-screen page, printed by `graphify rule CODE` and published by `python -m graphify.docgen`.
 
-Helpers a family's rules share stay in the family's `shared.py` (or in graphify/analysis/). A family not
-yet split keeps one module exposing `RULES` and `check(ck)`, its docs in graphify/rules/docs/.
+Helpers a family's rules share stay in the family's `shared.py` (or in graphify/analysis/). Nothing
+outside a rule's module tests its code: the planner, the engine and verify read `RULE.fix` and
+`RULE.category`. Adding a rule: write its module, and add its line to REGISTRY below.
 """
 
 from __future__ import annotations
 
 from functools import cache
 from types import ModuleType
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 from graphify.model import Rule
 
 from graphify.rules.registry import CATEGORIES, rule  # noqa: F401  (re-exported)
 
-# Every rule, one line each (a family not yet split: one line for the family). The engine runs their
-# detections in this order, which is the order of their findings.
+# Every rule, one line each, family by family. The engine runs their detections in this order; a family's
+# findings come in the order its walk of the loop reached them (Finding.order; ties in this order).
 REGISTRY = (
-    "host_sync",
+    # a call is read by one method read and one function read at most, tried in this order (host_sync/shared.py)
+    "host_sync.gfy001_tensor_item",
+    "host_sync.gfy002_tensor_tolist",
+    "host_sync.gfy003_tensor_to_cpu",
+    "host_sync.gfy004_tensor_numpy",
+    "host_sync.gfy007_cuda_synchronize",
+    "host_sync.gfy008_data_dependent_output_size",
+    "host_sync.gfy005_tensor_to_python_scalar",
+    "host_sync.gfy006_tensor_formatted",
+    "host_sync.gfy010_clip_error_if_nonfinite",
+    "host_sync.gfy011_empty_cache_in_step",
+    "host_sync.gfy009_boolean_mask_indexing",
     "branches.gfy101_tensor_condition",
     "branches.gfy102_tensor_assert",
     "branches.gfy103_tensor_boolean_expression",
     "allocation.gfy201_tensor_from_host_data",
     "allocation.gfy202_factory_with_step_values",
-    "devices",
-    "shapes",
-    "optimizers",
+    "devices.gfy303_host_array_index",
+    "devices.gfy301_per_step_device_copy",
+    "devices.gfy302_host_tensor_moved_in_step",
+    "shapes.gfy253_graph_batch",
+    "shapes.gfy252_variable_length_batch",
+    "shapes.gfy251_loader_without_drop_last",
+    "optimizers.gfy401_optimizer_not_capturable",
+    "optimizers.gfy402_optimizer_without_capture_support",
+    "optimizers.gfy411_lr_scheduler_step",
+    "optimizers.gfy412_lr_assignment",
     "amp.gfy421_grad_scaler_step",
     "amp.gfy422_autocast_cache",
     "amp.gfy423_loss_scaler_helper",
@@ -64,20 +83,20 @@ def units() -> tuple[ModuleType, ...]:
     return tuple(import_module(f"graphify.rules.{name}") for name in REGISTRY)
 
 
-def _rules_of(unit: ModuleType) -> tuple[Rule, ...]:
-    return (unit.RULE,) if hasattr(unit, "RULE") else unit.RULES
-
-
-def detectors() -> Iterator[Callable]:
-    """Each rule's `detect(ck)` (a family's `check(ck)`), in the registry's order."""
-    for unit in units():
-        detect = getattr(unit, "detect", None) or getattr(unit, "check", None)
+def detectors() -> list[list[Callable]]:
+    """Each family's rules' `detect(ck)`, family by family, in the registry's order (a rule only the planner
+    decides has none). The engine puts the findings of one family in the order its walk of the loop reached
+    them (Finding.order)."""
+    families: dict[str, list[Callable]] = {}
+    for name, unit in zip(REGISTRY, units()):
+        detect = getattr(unit, "detect", None)
         if detect is not None:
-            yield detect
+            families.setdefault(name.split(".", 1)[0], []).append(detect)
+    return list(families.values())
 
 
 def all_rules() -> list[Rule]:
-    return sorted((r for unit in units() for r in _rules_of(unit)), key=lambda r: r.code)
+    return sorted((unit.RULE for unit in units()), key=lambda r: r.code)
 
 
 def rules_by_code() -> dict[str, Rule]:
@@ -85,17 +104,16 @@ def rules_by_code() -> dict[str, Rule]:
 
 
 def unit_of(code: str) -> ModuleType | None:
-    """The module of a rule split into its own (None for a rule of a family not yet split)."""
-    return next((u for u in units() if hasattr(u, "RULE") and u.RULE.code == code), None)
+    """The module of the rule with this code (None: no such rule)."""
+    return next((u for u in units() if u.RULE.code == code), None)
 
 
 def rule_doc(code: str) -> str:
+    """The rule's page (its module's DOC); FileNotFoundError for an unknown code."""
     unit = unit_of(code)
-    if unit is not None:
-        return unit.DOC
-    from importlib import resources  # with tempfile and shutil: only `graphify rule` reads the docs
-
-    return resources.files("graphify.rules").joinpath("docs", f"{code}.md").read_text(encoding="utf-8")
+    if unit is None:
+        raise FileNotFoundError(f"no rule {code}")
+    return unit.DOC
 
 
 def matches(r: Rule, selectors: Iterable[str]) -> bool:

@@ -32,6 +32,7 @@ def detect(ck):
                     target[1],
                     f"`{code_of(target[0])}` runs DDP hooks in the step",
                     "build DDP on a side stream, turn NCCL async error handling off and warm up 11 steps before capture",
+                    order=(ck.position(node),),
                 )
 
 

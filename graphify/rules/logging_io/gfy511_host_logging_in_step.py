@@ -26,6 +26,7 @@ def detect(ck):
                 f"`{code_of(call)}` would run only once, at capture",
                 "log after the replay, from the graph's static outputs",
                 True,
+                order=(ck.position(call), 1),
             )
 
 

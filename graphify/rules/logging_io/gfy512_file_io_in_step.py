@@ -44,6 +44,7 @@ def _periodic_saves(call: cst.Call, site, ck):
                 f"`{code_of(node)}` (called from periodic work in the step) would run only once, at capture",
                 "save between replays, outside the captured region",
                 True,
+                order=(ck.position(call), 0),
             )
 
 
@@ -58,6 +59,7 @@ def detect(ck):
                 f"`{code_of(call)}` would run only once, at capture",
                 "save between replays, outside the captured region",
                 True,
+                order=(ck.position(call), 1),
             )
 
 

@@ -26,6 +26,7 @@ def detect(ck):
                 f"`{code_of(call)}` would run only once, at capture",
                 "step the profiler between replays, outside the captured region",
                 True,
+                order=(ck.position(call), 1),
             )
 
 

@@ -50,6 +50,7 @@ def detect(ck):
                 site,
                 f"`{code_of(node)}` is indexed by `{code_of(index)}`, a host value that changes between steps; capture would freeze it",
                 RULE.fix.advice,
+                order=(3,),
             )
 
 

@@ -100,9 +100,11 @@ def _host_random_draws(ck):
             continue  # evaluation or sampling every N steps runs eagerly between replays (GFY502)
         message = f"`{code_of(node)}` draws a host random number in the step; capture would draw it once"
         if after_first_gpu_work(ck, node, site) or _decides_gpu_work(node, site):
-            yield ck.finding(RULE, node, site, message, RULE.fix.advice, False)
+            yield ck.finding(RULE, node, site, message, RULE.fix.advice, False, order=(0,))
         elif _draws_step_input(ck, node, site):
-            yield ck.finding(RULE, node, site, message, "graphify rewrite draws it before each replay; or draw it on the device")
+            yield ck.finding(
+                RULE, node, site, message, "graphify rewrite draws it before each replay; or draw it on the device", order=(0,)
+            )
 
 
 def _host_interactions(ck):
@@ -121,7 +123,7 @@ def _host_interactions(ck):
         here = statement_position(ck, node, site)
         if any(p < here for p in models) and any(p > here for p in steps):
             message = f"`{code_of(node)}` {what} in the step; capture would run it once"
-            yield ck.finding(RULE, node, site, message, RULE.fix.advice, False)
+            yield ck.finding(RULE, node, site, message, RULE.fix.advice, False, order=(1,))
 
 
 def detect(ck):

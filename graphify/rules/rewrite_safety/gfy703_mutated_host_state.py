@@ -62,6 +62,7 @@ def detect(ck):
                 f"`{code_of(node)}` changes the optimizer's `{key}` in the loop; the captured step keeps the value it was captured with",
                 "keep it constant while the step loop runs (change it between epochs)",
                 False,
+                order=(2,),
             )
 
 

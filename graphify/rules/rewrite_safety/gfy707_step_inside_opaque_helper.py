@@ -26,6 +26,7 @@ def detect(ck):
                 site,
                 f"`{code_of(node.func)}(...)` is handed the loss and the optimizer; what it runs is not visible",
                 "call `loss.backward()` and `optimizer.step()` in the loop, or in a function of the checked files",
+                order=(4,),
             )
 
 

@@ -1,3 +1,32 @@
+"""GFY010 clip-error-if-nonfinite."""
+
+from graphify.analysis.checker import code_of
+from graphify.rules.host_sync.shared import call_read
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY010",
+    "clip-error-if-nonfinite",
+    "host-sync",
+    "error",
+    "`clip_grad_norm_(..., error_if_nonfinite=True)` checks the norm on the host",
+    False,
+)
+
+
+def detect(ck):
+    for call, site in ck.calls():
+        if call_read(call, site.env) == "clip":
+            yield ck.finding(
+                RULE,
+                call,
+                site,
+                f"`{code_of(call)}` checks the norm on the host",
+                "drop `error_if_nonfinite=True`; check the returned norm after the step instead",
+            )
+
+
+DOC = """\
 # GFY010 clip-error-if-nonfinite
 
 *Category: host-sync · Severity: error · Removed by `graphify rewrite`: no*
@@ -47,3 +76,4 @@ if bad.item():
 ## Suppress
 
 Add `# graphify: ignore[GFY010]` to the flagged line.
+"""

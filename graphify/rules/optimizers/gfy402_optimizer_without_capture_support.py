@@ -1,3 +1,36 @@
+"""GFY402 optimizer-without-capture-support."""
+
+from graphify.analysis.checker import is_true, kwarg
+from graphify.analysis.vocabulary import NEVER_CAPTURABLE
+from graphify.model import Fix, Partial
+from graphify.rules.optimizers.shared import adam_without_capturable, optimizer_builds
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY402",
+    "optimizer-without-capture-support",
+    "non-capturable-optimizer",
+    "error",
+    "LBFGS, SparseAdam and optimizers with host-side logic cannot be captured",
+    False,
+    Fix(partial=Partial.NEVER),
+)
+
+
+def detect(ck):
+    for index, (name, call, module) in enumerate(optimizer_builds(ck)):
+        if adam_without_capturable(name, call):
+            continue  # GFY401
+        if name in NEVER_CAPTURABLE or (name == "Adagrad" and not is_true(kwarg(call, "fused"))):
+            hint = (
+                "pass `fused=True` (graph-safe on CUDA)"
+                if name == "Adagrad"
+                else "use an optimizer that supports capture (Adam/AdamW with `capturable=True`, SGD)"
+            )
+            yield ck.finding_at(RULE, call, module, f"`{name}` cannot be captured in a CUDA graph", hint, order=(0, index))
+
+
+DOC = """\
 # GFY402 optimizer-without-capture-support
 
 *Category: non-capturable-optimizer · Severity: error · Removed by `graphify rewrite`: no*
@@ -45,3 +78,4 @@ for ids, y in loader:
 ## Suppress
 
 Add `# graphify: ignore[GFY402]` to the flagged line.
+"""

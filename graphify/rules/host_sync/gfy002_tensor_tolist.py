@@ -1,3 +1,58 @@
+"""GFY002 tensor-tolist."""
+
+from graphify.analysis.checker import code_of
+from graphify.analysis.calls import method_call
+from graphify.model import Applicability, Fix, FixKind
+from graphify.rules.host_sync.shared import READ_AFTER, method_read
+from graphify.rules.host_sync.host_tensors import host_batch_names
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY002",
+    "tensor-tolist",
+    "host-sync",
+    "error",
+    "`.tolist()` on a tensor copies it to the host and waits for the GPU",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
+)
+
+
+def detect(ck):
+    host_batch = host_batch_names(ck)
+    for call, site in ck.calls():
+        if method_read(ck, call, site, host_batch) == "tolist":
+            yield ck.finding(
+                RULE,
+                call,
+                site,
+                f"`{code_of(method_call(call)[0])}.tolist()` waits for the GPU",
+                READ_AFTER,
+                ck.host_read_removable(call, site),
+            )
+
+
+CASES = {
+    "host-batch-item": (
+        """
+        loader = torch.utils.data.DataLoader(dataset, batch_size=8)
+        with torch.no_grad():
+            for imgs, caps in loader:
+                out = model(imgs.to(device))
+                refs = caps[0].tolist()
+                hyps = out.argmax(-1).tolist()  # here
+        """,
+        """
+        loader = torch.utils.data.DataLoader(dataset, batch_size=8)
+        with torch.no_grad():
+            for imgs, caps in loader:
+                out = model(imgs.to(device))
+                refs = caps[0].tolist()
+        """,
+    ),
+}
+
+DOC = """\
 # GFY002 tensor-tolist
 
 *Category: host-sync · Severity: error · Removed by `graphify rewrite`: when the value only feeds host code*
@@ -46,3 +101,4 @@ accuracy = correct.item() / len(loader.dataset)
 ## Suppress
 
 Add `# graphify: ignore[GFY002]` to the flagged line.
+"""

@@ -1,3 +1,34 @@
+"""GFY011 empty-cache-in-step."""
+
+from graphify.model import Applicability, Fix, FixKind
+from graphify.rules.host_sync.shared import call_read
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY011",
+    "empty-cache-in-step",
+    "host-sync",
+    "error",
+    "`torch.cuda.empty_cache()` in the step: costly, and on some PyTorch versions it breaks capture",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
+)
+
+
+def detect(ck):
+    for call, site in ck.calls():
+        if call_read(call, site.env) == "empty_cache":
+            yield ck.finding(
+                RULE,
+                call,
+                site,
+                "`torch.cuda.empty_cache()` inside the step",
+                "call it outside the training step, if at all",
+                ck.host_read_removable(call, site),
+            )
+
+
+DOC = """\
 # GFY011 empty-cache-in-step
 
 *Category: host-sync · Severity: error · Removed by `graphify rewrite`: yes*
@@ -43,3 +74,4 @@ for epoch in range(epochs):
 ## Suppress
 
 Add `# graphify: ignore[GFY011]` to the flagged line.
+"""

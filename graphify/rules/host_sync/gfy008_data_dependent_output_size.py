@@ -1,3 +1,43 @@
+"""GFY008 data-dependent-output-size."""
+
+from graphify.analysis.checker import code_of
+from graphify.rules.host_sync.shared import call_read, method_read
+from graphify.rules.host_sync.host_tensors import host_batch_names
+from graphify.rules.registry import rule
+
+# Sized from data: a dynamic shape first (the sync follows from it), so its category is dynamic-shape.
+RULE = rule(
+    "GFY008",
+    "data-dependent-output-size",
+    "dynamic-shape",
+    "error",
+    "`nonzero`, `unique`, `masked_select`, one-argument `where` size their output from data",
+    False,
+)
+
+
+def detect(ck):
+    host_batch = host_batch_names(ck)
+    for call, site in ck.calls():
+        if method_read(ck, call, site, host_batch) == "dynamic":
+            yield ck.finding(
+                RULE,
+                call,
+                site,
+                f"`{code_of(call)}` has a data-dependent output size",
+                "use fixed-size alternatives (`torch.where(mask, x, 0)`, masks multiplied in) or move this out of the step",
+            )
+        if call_read(call, site.env) == "dynamic":
+            yield ck.finding(
+                RULE,
+                call,
+                site,
+                f"`{code_of(call)}` has a data-dependent output size",
+                "use fixed-size alternatives (three-argument `torch.where`, masking) or move this out of the step",
+            )
+
+
+DOC = """\
 # GFY008 data-dependent-output-size
 
 *Category: dynamic-shape · Severity: error · Removed by `graphify rewrite`: no*
@@ -44,3 +84,4 @@ for x, y in loader:
 ## Suppress
 
 Add `# graphify: ignore[GFY008]` to the flagged line.
+"""

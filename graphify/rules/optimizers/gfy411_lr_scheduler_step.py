@@ -1,3 +1,81 @@
+"""GFY411 lr-scheduler-step."""
+
+from graphify.analysis.checker import code_of, kwarg
+from graphify.model import Applicability, Fix, FixKind
+from graphify.rules.optimizers.shared import is_false, lr_fix, outside_called_step, scheduler_step
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY411",
+    "lr-scheduler-step",
+    "lr-scheduler",
+    "error",
+    "`scheduler.step()` changes a float learning rate that capture froze",
+    True,
+    Fix(FixKind.IN_PLACE, Applicability.SAFE),
+)
+
+
+def _cycles_momentum(ck, scheduler, env) -> bool:
+    built = ck.construction(scheduler, env)
+    if built is None:
+        return False
+    call, module = built
+    name = (module.aliases.qualify(call.func) or "").rsplit(".", 1)[-1]
+    return name in ("OneCycleLR", "CyclicLR") and not is_false(kwarg(call, "cycle_momentum"))
+
+
+def detect(ck):
+    tensor_lr = None
+    for node, site in ck.nodes():
+        env = site.env
+        m = scheduler_step(node, env)
+        if m is None:
+            continue
+        tensor_lr = ck.optimizers_take_tensor_lr() if tensor_lr is None else tensor_lr
+        if _cycles_momentum(ck, m[0], env):
+            yield ck.finding(
+                RULE,
+                node,
+                site,
+                f"`{code_of(node)}` also cycles momentum/betas every step, which capture freezes",
+                "pass `cycle_momentum=False`, or step this scheduler per epoch",
+                False,
+                order=(1, ck.position(node)),
+            )
+            continue
+        yield ck.finding(
+            RULE,
+            node,
+            site,
+            f"`{code_of(node)}` changes the learning rate every step",
+            lr_fix(tensor_lr),
+            tensor_lr and outside_called_step(ck, site) and m[1] == "step",  # the rewrite knows torch's schedulers only
+            order=(1, ck.position(node)),
+        )
+
+
+CASES = {
+    "timm-step-update": (
+        """
+        sched = timm.scheduler.create_scheduler_v2(opt)
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            sched.step_update(num_updates=i)  # here
+        """,
+        """
+        sched = timm.scheduler.create_scheduler_v2(opt)
+        for epoch in range(10):
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+        sched.step_update(num_updates=10)
+        """,
+    ),
+}
+
+DOC = """\
 # GFY411 lr-scheduler-step
 
 *Category: lr-scheduler · Severity: error · Removed by `graphify rewrite`: when the optimizer can read a tensor learning rate*
@@ -52,3 +130,4 @@ for x, y in loader:
 ## Suppress
 
 Add `# graphify: ignore[GFY411]` to the flagged line.
+"""

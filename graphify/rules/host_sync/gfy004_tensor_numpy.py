@@ -1,3 +1,38 @@
+"""GFY004 tensor-numpy."""
+
+from graphify.analysis.checker import code_of
+from graphify.analysis.calls import method_call
+from graphify.model import Applicability, Fix, FixKind
+from graphify.rules.host_sync.shared import READ_AFTER, method_read
+from graphify.rules.host_sync.host_tensors import host_batch_names
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY004",
+    "tensor-numpy",
+    "host-sync",
+    "error",
+    "`.numpy()` needs the tensor on the host",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
+)
+
+
+def detect(ck):
+    host_batch = host_batch_names(ck)
+    for call, site in ck.calls():
+        if method_read(ck, call, site, host_batch) == "numpy":
+            yield ck.finding(
+                RULE,
+                call,
+                site,
+                f"`{code_of(method_call(call)[0])}.numpy()` needs the tensor on the host",
+                READ_AFTER,
+                ck.host_read_removable(call, site),
+            )
+
+
+DOC = """\
 # GFY004 tensor-numpy
 
 *Category: host-sync · Severity: error · Removed by `graphify rewrite`: when the value only feeds host code*
@@ -46,3 +81,4 @@ accuracy = hits.item() / len(loader.dataset)
 ## Suppress
 
 Add `# graphify: ignore[GFY004]` to the flagged line.
+"""

@@ -1,3 +1,37 @@
+"""GFY007 cuda-synchronize."""
+
+from graphify.analysis.checker import code_of
+from graphify.model import Applicability, Fix, FixKind
+from graphify.rules.host_sync.shared import method_read
+from graphify.rules.host_sync.host_tensors import host_batch_names
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY007",
+    "cuda-synchronize",
+    "host-sync",
+    "error",
+    "`torch.cuda.synchronize()` and stream/event synchronization are illegal during capture",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
+)
+
+
+def detect(ck):
+    host_batch = host_batch_names(ck)
+    for call, site in ck.calls():
+        if method_read(ck, call, site, host_batch) == "synchronize":
+            yield ck.finding(
+                RULE,
+                call,
+                site,
+                f"`{code_of(call)}` blocks the host",
+                "remove it from the step; time with CUDA events outside the replayed region",
+                ck.host_read_removable(call, site),
+            )
+
+
+DOC = """\
 # GFY007 cuda-synchronize
 
 *Category: host-sync · Severity: error · Removed by `graphify rewrite`: yes*
@@ -47,3 +81,4 @@ print(start.elapsed_time(end) / len(loader), "ms/step")
 ## Suppress
 
 Add `# graphify: ignore[GFY007]` to the flagged line.
+"""

@@ -1,3 +1,38 @@
+"""GFY302 host-tensor-moved-in-step."""
+
+from graphify.analysis.checker import code_of
+from graphify.analysis.devices import device_for_factory
+from graphify.model import Applicability, Fix, FixKind
+from graphify.rules.devices.shared import device_copies
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY302",
+    "host-tensor-moved-in-step",
+    "cross-device",
+    "error",
+    "a tensor created on the host inside the step is copied to the device",
+    True,
+    Fix(FixKind.ON_DEVICE, Applicability.SAFE),
+)
+
+
+def detect(ck):
+    for call, site, from_host_factory in device_copies(ck):
+        if from_host_factory:
+            in_file = site.block.module is ck.loop.module  # the rewrite edits the loop's own file only
+            yield ck.finding(
+                RULE,
+                call,
+                site,
+                f"`{code_of(call)}` creates a tensor on the host and copies it every step",
+                "create it directly on the device (`device=`), or once before the loop",
+                removable=in_file and device_for_factory(call, site.env) is not None,
+                order=(2, ck.position(call)),
+            )
+
+
+DOC = """\
 # GFY302 host-tensor-moved-in-step
 
 *Category: cross-device · Severity: error · Removed by `graphify rewrite`: when the factory is `zeros`, `ones`, `full`, `empty` or `eye` chained to the copy in the rewritten file*
@@ -49,3 +84,4 @@ for x, y in loader:
 ## Suppress
 
 Add `# graphify: ignore[GFY302]` to the flagged line.
+"""

@@ -1,3 +1,30 @@
+"""GFY005 tensor-to-python-scalar."""
+
+from graphify.analysis.checker import code_of
+from graphify.model import Applicability, Fix, FixKind
+from graphify.rules.host_sync.shared import READ_AFTER, call_read
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY005",
+    "tensor-to-python-scalar",
+    "host-sync",
+    "error",
+    "`float()`, `int()`, `bool()` of a tensor read its value on the host",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
+)
+
+
+def detect(ck):
+    for call, site in ck.calls():
+        if call_read(call, site.env) == "scalar":
+            yield ck.finding(
+                RULE, call, site, f"`{code_of(call)}` reads a tensor on the host", READ_AFTER, ck.host_read_removable(call, site)
+            )
+
+
+DOC = """\
 # GFY005 tensor-to-python-scalar
 
 *Category: host-sync · Severity: error · Removed by `graphify rewrite`: when the value only feeds host code*
@@ -43,3 +70,4 @@ log(epoch=epoch, loss=float(epoch_loss) / len(loader))   # after the loop
 ## Suppress
 
 Add `# graphify: ignore[GFY005]` to the flagged line.
+"""

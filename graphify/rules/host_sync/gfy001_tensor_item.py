@@ -1,3 +1,57 @@
+"""GFY001 tensor-item."""
+
+from graphify.analysis.checker import code_of
+from graphify.analysis.calls import method_call
+from graphify.model import Applicability, Fix, FixKind
+from graphify.rules.host_sync.shared import READ_AFTER, method_read
+from graphify.rules.host_sync.host_tensors import host_batch_names
+from graphify.rules.registry import rule
+
+RULE = rule(
+    "GFY001",
+    "tensor-item",
+    "host-sync",
+    "error",
+    "`.item()` on a tensor copies it to the host and waits for the GPU",
+    True,
+    Fix(FixKind.MOVED_AFTER, Applicability.SAFE),
+)
+
+
+def detect(ck):
+    host_batch = host_batch_names(ck)
+    for call, site in ck.calls():
+        if method_read(ck, call, site, host_batch) == "item":
+            yield ck.finding(
+                RULE,
+                call,
+                site,
+                f"`{code_of(method_call(call)[0])}.item()` waits for the GPU",
+                READ_AFTER,
+                ck.host_read_removable(call, site),
+            )
+
+
+CASES = {
+    "nested-loop-of-inference-step": (
+        """
+        with torch.no_grad():
+            for x, y in loader:
+                scores = model(x)
+                for row in scores:
+                    best = row.max().item()  # here
+        """,
+        """
+        with torch.no_grad():
+            for x, y in loader:
+                scores = model(x)
+        for row in scores:
+            best = row.max().item()
+        """,
+    ),
+}
+
+DOC = """\
 # GFY001 tensor-item
 
 *Category: host-sync · Severity: error · Removed by `graphify rewrite`: when the value only feeds host code*
@@ -47,3 +101,4 @@ print(total.item() / len(loader))   # once, after the loop
 ## Suppress
 
 Add `# graphify: ignore[GFY001]` to the flagged line.
+"""
