@@ -1,4 +1,4 @@
-"""The rule factory and the categories rules belong to; every rule family imports it."""
+"""The rule factory and the categories rules belong to; every rule module makes its RULE with it."""
 
 from graphify.model import Fix, Rule, Severity
 
