@@ -3,8 +3,9 @@
 * `RULE`: its metadata (code, name, category, severity, summary) and its fix descriptor (`RULE.fix`: what
   `graphify rewrite` does about its findings, and how safe that is), made with `rule(...)`;
 * `detect(ck)`: a generator of its findings in one loop (absent for a rule only the planner decides);
-* `CASES`: flagged and clean code, `{name: (flagged, clean)}`, the flagged code marking with `# here`
-  each line reported (tests/test_rule_cases.py runs them);
+* `CASES`: flagged and clean code and the fix expected, `{name: (flagged, clean, removed)}`: the
+  flagged code marks with `# here` each line reported, and `removed` says whether `graphify rewrite`
+  removes those findings (tests/test_rule_cases.py runs them);
 * `DOC`: its one-screen page, printed by `graphify rule CODE` and published by `python -m graphify.docgen`.
 
 Helpers a family's rules share stay in the family's `shared.py` (or in graphify/analysis/). Nothing

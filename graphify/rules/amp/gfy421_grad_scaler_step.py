@@ -48,6 +48,7 @@ CASES = {
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.unscale_(opt)
         """,
+        True,
     ),
 }
 

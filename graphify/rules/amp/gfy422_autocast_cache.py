@@ -73,6 +73,7 @@ CASES = {
         for x, y in loader:
             step(x, y)
         """,
+        True,
     ),
 }
 

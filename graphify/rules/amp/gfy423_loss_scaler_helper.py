@@ -50,6 +50,7 @@ CASES = {
             scaled = loss_scaler(result["loss"])
             scaled.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
 }
 

@@ -62,6 +62,7 @@ CASES = {
             if not math.isfinite(loss_value):
                 break
         """,
+        False,
     ),
     "host-ints-converted-from-a-tensor": (
         """
@@ -82,6 +83,7 @@ CASES = {
                 if t_next < 0:
                     continue
         """,
+        False,
     ),
 }
 

@@ -105,6 +105,7 @@ CASES = {
             ema_model.to(device="cuda", non_blocking=True)
             update_ema(ema_model, model)
         """,
+        False,
     ),
     "mapped-lambda": (
         """
@@ -120,6 +121,7 @@ CASES = {
             loss = criterion(model(x), y)
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        True,
     ),
     "batch-handed-to-device-helper": (
         """
@@ -139,6 +141,7 @@ CASES = {
             loss = model(**batch).loss
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
 }
 

@@ -80,6 +80,7 @@ CASES = {
                 first = output[:, [k for k in range(2)]]
                 loss = criterion(output, y)
         """,
+        False,
     ),
 }
 

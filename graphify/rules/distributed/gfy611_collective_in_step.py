@@ -48,6 +48,7 @@ CASES = {
                 loss.backward(); opt.step(); opt.zero_grad()
         train(CenteredLoss(), None)
         """,
+        False,
     ),
     "collective-helper-of-another-file": (
         """
@@ -73,6 +74,7 @@ CASES = {
             mean_loss = utils.all_reduce_mean(float(len(y)))
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
     "accelerate-gather": (
         """
@@ -89,6 +91,7 @@ CASES = {
             opt.step(); opt.zero_grad()
         avg = accelerator.gather(loss.detach())
         """,
+        False,
     ),
 }
 

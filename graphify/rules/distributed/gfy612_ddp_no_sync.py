@@ -104,6 +104,7 @@ CASES = {
             if (i + 1) % 4 == 0:
                 opt.step(); opt.zero_grad()
         """,
+        False,
     ),
     "sync-flag-on-the-loop-counter-or-a-changing-count": (
         """
@@ -135,6 +136,7 @@ CASES = {
                     criterion(model(batch[micro]), batch[micro]).backward()
             opt.step(); opt.zero_grad()
         """,
+        False,
     ),
 }
 

@@ -60,6 +60,7 @@ CASES = {
         for x, y in loader:
             pending = train_step(x, y, pending)
         """,
+        False,
     ),
     "accelerate-accumulate": (
         """
@@ -76,6 +77,7 @@ CASES = {
             accelerator.backward(loss)
             opt.step(); opt.zero_grad()
         """,
+        False,
     ),
     "step-in-called-function": (
         """
@@ -102,6 +104,7 @@ CASES = {
             else:
                 update(criterion(model(x), y))
         """,
+        False,
     ),
     "continue-before-step": (
         """
@@ -120,6 +123,7 @@ CASES = {
             loss.backward()
             opt.step(); opt.zero_grad()
         """,
+        False,
     ),
 }
 

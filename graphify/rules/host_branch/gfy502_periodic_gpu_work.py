@@ -48,6 +48,7 @@ CASES = {
             if accelerator.sync_gradients:
                 print("cycle done")
         """,
+        True,
     ),
     "target-network-copy": (
         """
@@ -66,6 +67,7 @@ CASES = {
                 for p, tp in zip(model.parameters(), target.parameters()):
                     tp.data.copy_(p.data)
         """,
+        True,
     ),
     "warmup-else-branch": (
         """
@@ -86,6 +88,7 @@ CASES = {
             loss = criterion(model(obs), target)
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        True,
     ),
 }
 

@@ -48,6 +48,7 @@ CASES = {
         for row in scores:
             best = row.max().item()
         """,
+        True,
     ),
 }
 

@@ -49,6 +49,7 @@ CASES = {
                 out = model(imgs.to(device))
                 refs = caps[0].tolist()
         """,
+        True,
     ),
 }
 

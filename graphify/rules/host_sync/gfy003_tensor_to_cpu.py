@@ -98,6 +98,7 @@ CASES = {
                 correct.append(predictions == y)
         metric.add_batch(predictions=predictions, references=y)
         """,
+        True,
     ),
     "module-offloaded": (
         """
@@ -115,6 +116,7 @@ CASES = {
             update_ema(ema_model, model)
         ema_model.to("cpu")
         """,
+        False,
     ),
     "host-batch-indexed-on-device": (
         """
@@ -132,6 +134,7 @@ CASES = {
                 out, order = model(imgs.to(device))
                 caps = caps[order]
         """,
+        True,
     ),
     "module-put-in-eval-mode": (
         """
@@ -151,6 +154,7 @@ CASES = {
                     out = task(batch)
                     feats.append(out.cpu())
         """,
+        True,
     ),
 }
 

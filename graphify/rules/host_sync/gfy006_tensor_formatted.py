@@ -85,6 +85,7 @@ CASES = {
             log_dict = {"loss": float(loss), "step": step}
             metric_logger.log_dict(log_dict, step=step)
         """,
+        True,
     ),
     "concatenated-f-string": (
         """
@@ -107,6 +108,7 @@ CASES = {
             )
         avg = torch.tensor(avg)
         """,
+        True,
     ),
 }
 

@@ -75,6 +75,7 @@ CASES = {
             loss = -positives.mean()
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
     "indexes-where-a-condition-holds": (
         """
@@ -91,6 +92,7 @@ CASES = {
             loss = criterion(logits, labels)
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
 }
 

@@ -48,6 +48,7 @@ CASES = {
             loss.backward(); opt.step(); opt.zero_grad()
             wb.log({"lr": 0.1})
         """,
+        True,
     ),
 }
 

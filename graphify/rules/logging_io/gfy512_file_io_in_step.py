@@ -89,6 +89,7 @@ CASES = {
                     sample = model(x)
                 save(i)
         """,
+        True,
     ),
     "checkpoint-rotation": (
         """
@@ -104,6 +105,7 @@ CASES = {
             opt.step(); opt.zero_grad()
         shutil.rmtree("ckpt-old", ignore_errors=True)
         """,
+        True,
     ),
     "save-function": (
         """
@@ -119,6 +121,7 @@ CASES = {
             opt.step(); opt.zero_grad()
         torchvision.utils.save_image(x, "last-batch.png")
         """,
+        True,
     ),
     "file-write": (
         """
@@ -135,6 +138,7 @@ CASES = {
                 loss.backward(); opt.step(); opt.zero_grad()
             out.write("done\\n")
         """,
+        True,
     ),
 }
 

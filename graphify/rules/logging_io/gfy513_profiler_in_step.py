@@ -45,6 +45,7 @@ CASES = {
             criterion(model(x), y).backward()
             opt.step(); opt.zero_grad()
         """,
+        True,
     ),
 }
 

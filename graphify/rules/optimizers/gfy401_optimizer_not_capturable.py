@@ -62,6 +62,7 @@ CASES = {
             loss.backward()
             optimizer.step(); scaled.step(); head_optimizer.step()
         """,
+        True,
     ),
 }
 

@@ -72,6 +72,7 @@ CASES = {
                 loss.backward(); opt.step(); opt.zero_grad()
         sched.step_update(num_updates=10)
         """,
+        False,
     ),
 }
 

@@ -101,6 +101,7 @@ CASES = {
             loss = criterion(model(x), y)
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
 }
 

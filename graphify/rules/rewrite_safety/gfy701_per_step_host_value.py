@@ -71,6 +71,7 @@ CASES = {
             loss = criterion(model(x), y)
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
     "host-helper-feeds-step": (
         """
@@ -94,6 +95,7 @@ CASES = {
             loss = criterion(out, y)
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
 }
 

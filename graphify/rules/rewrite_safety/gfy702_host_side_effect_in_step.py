@@ -148,6 +148,7 @@ CASES = {
             criterion(model(x), y).backward()
             opt.step(); opt.zero_grad()
         """,
+        False,
     ),
     "rl-env-and-replay-buffer": (
         """
@@ -180,6 +181,7 @@ CASES = {
                 if term or trunc:
                     obs, _ = env.reset()
         """,
+        False,
     ),
     "noise-drawn-after-zero-grad": (
         """
@@ -196,6 +198,7 @@ CASES = {
             criterion(model(z), y).backward()
             opt.step()
         """,
+        True,
     ),
 }
 

@@ -90,6 +90,7 @@ CASES = {
                 criterion(model(x), y).backward()
                 opt.step(); opt.zero_grad()
         """,
+        False,
     ),
     "requires-grad-of-a-module-not-a-tensor": (
         """
@@ -109,6 +110,7 @@ CASES = {
             loss = criterion(model(x), y) + penalty(x, x.flip(0))
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
     "helper-changes-outer-list": (
         """
@@ -132,6 +134,7 @@ CASES = {
             loss = criterion(out, y)
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
     "item-or-attribute-changed-between-steps": (
         """
@@ -171,6 +174,7 @@ CASES = {
                     loss.backward()
                 opt.step(); opt.zero_grad()
         """,
+        False,
     ),
     "global-rebound-by-a-called-function": (
         """
@@ -212,6 +216,7 @@ CASES = {
                 loss.backward(); opt.step(); opt.zero_grad()
                 remember(0.5)
         """,
+        False,
     ),
     "module-changed-by-apply-or-setattr": (
         """
@@ -236,6 +241,7 @@ CASES = {
                 loss = criterion(model(x), y)
                 loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
 }
 

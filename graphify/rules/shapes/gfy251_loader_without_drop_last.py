@@ -55,6 +55,7 @@ CASES = {
             for x, y in valid_dl:
                 out = model(x)
         """,
+        True,
     ),
     "loader-attribute-from-init": (
         """
@@ -79,6 +80,7 @@ CASES = {
                     loss = criterion(model(x), y)
                     loss.backward(); opt.step(); opt.zero_grad()
         """,
+        True,
     ),
     "loader-handed-down-two-calls": (
         """
@@ -105,6 +107,7 @@ CASES = {
             loader = torch.utils.data.DataLoader(None, batch_size=8, shuffle=True, drop_last=True)
             train(model, loader, 10)
         """,
+        True,
     ),
 }
 

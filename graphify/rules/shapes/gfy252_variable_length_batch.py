@@ -128,6 +128,7 @@ CASES = {
         train_data, valid_data = loaders(None, None)
         train_epoch(model, valid_data)
         """,
+        False,
     ),
     "collate-nested-in-loader-function": (
         """
@@ -150,6 +151,7 @@ CASES = {
             loss = model(**batch).loss
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
     "collate-pad-sequence": (
         """
@@ -170,6 +172,7 @@ CASES = {
             loss = criterion(model(x), y)
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
     "collate-tokenizer-pad": (
         """
@@ -188,6 +191,7 @@ CASES = {
             loss = model(**batch).loss
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
     "padding-collator": (
         """
@@ -205,6 +209,7 @@ CASES = {
             loss = model(**batch).loss
             loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
 }
 

@@ -65,6 +65,7 @@ CASES = {
                 loss = criterion(model(x), y)
                 loss.backward(); opt.step(); opt.zero_grad()
         """,
+        False,
     ),
     "pyg-loader-in-a-helper-argument": (
         """
@@ -84,6 +85,7 @@ CASES = {
                 loss.backward(); opt.step(); opt.zero_grad()
         train_epoch(None)
         """,
+        False,
     ),
 }
 
