@@ -20,7 +20,7 @@ from graphify.analysis.tree import children, descendants, forget, nested_too_dee
 from graphify.files import python_syntax_error
 from graphify.model import Diagnostic, FileError, LoopReport, Related, Report, Verdict
 from graphify.plan import PartialPlan, Plan, Refusal, make_partial_plan, make_plan
-from graphify.plan.refusals import FIXES, HOST_SIDE_EFFECT, MUTATED_STATE, PER_STEP_HOST_VALUE
+from graphify.plan.refusals import HOST_SIDE_EFFECT, MUTATED_STATE, PER_STEP_HOST_VALUE
 
 
 _CODE_FACTS = (PER_STEP_HOST_VALUE, HOST_SIDE_EFFECT, MUTATED_STATE)
@@ -77,8 +77,6 @@ def analyze_module(source: str, path: str, settings, program: Program | None = N
 
 
 def _analyze_module(source: str, path: str, settings, program: Program | None) -> ModuleResult:
-    from graphify.rules import families
-
     report = Report(files_checked=1)
     rewritten = any(f"{helper}(" in source for helper in RUNTIME_HELPERS)  # its loops may no longer step themselves
     if not (might_hold_loops(source) or rewritten) or is_vendored_runtime(source):
@@ -106,17 +104,15 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
             results.append(analysis)
             _report_loop(analysis, path, report)
             continue
-        checker = Checker(loop)
         seen = set()
-        for family in families():
-            for finding in family.check(checker):
-                key = (id(finding.node), finding.rule.code)
-                if key in seen:
-                    continue
-                seen.add(key)
-                analysis.all_findings.append(finding)
-                if reported(finding, loop):
-                    analysis.findings.append(finding)
+        for finding in _detect(Checker(loop)):
+            key = (id(finding.node), finding.rule.code)
+            if key in seen:
+                continue
+            seen.add(key)
+            analysis.all_findings.append(finding)
+            if reported(finding, loop):
+                analysis.findings.append(finding)
         _decide(analysis)
         blocked = analysis.verdict == Verdict.NOT_CAPTURABLE
         refusals = _confirm_rewrite(analysis, module)
@@ -137,6 +133,18 @@ def _analyze_module(source: str, path: str, settings, program: Program | None) -
         _report_loop(analysis, path, report)
     _report_rewritten(loops, path, report)
     return ModuleResult(module, results, report)
+
+
+def _detect(checker: Checker) -> list[Finding]:
+    """Every rule's findings in one loop: family by family, each family's in the order its walk reached them."""
+    from graphify.rules import detectors
+
+    found = []
+    for family in detectors():
+        findings = [f for detect in family for f in detect(checker)]
+        findings.sort(key=lambda f: f.order if f.order is not None else (checker.position(f.node),))
+        found += findings
+    return found
 
 
 class _Reported:
@@ -181,7 +189,7 @@ def _refusal_findings(analysis: LoopAnalysis, refusals: list[Refusal], blocked: 
         if refusal.node is not None and any(id(n) in flagged for n in _own_lines(node)):
             continue
         flagged.add(id(node))
-        fix = FIXES.get(refusal.rule.code, "see `graphify rule " + refusal.rule.code + "`")
+        fix = refusal.rule.fix.advice or f"see `graphify rule {refusal.rule.code}`"
         # what the planner refuses, the rewrite does not remove; found inside a function the loop calls, it
         # is reported at the call, once per call and code (_report_loop, _merge_duplicates)
         findings.append(Finding(refusal.rule, node, _module_of(loop, node), str(refusal), fix, False))

@@ -22,6 +22,46 @@ class Verdict(str, Enum):
     ALREADY_CAPTURED = "already-captured"  # the script captures or replays this loop's step itself
 
 
+class FixKind(str, Enum):
+    """What `graphify rewrite` does about a rule's finding where its context allows (the plan acts on these)."""
+
+    IN_PLACE = "fixed where it stands"  # `capturable=True`, `drop_last=True`, a tensor learning rate, a keyed early exit
+    MOVED_AFTER = "moved after the replay"  # a host read, log or save of the step's results: read from its static outputs
+    DRAWN = "built before each replay"  # a tensor from host data: evaluated ahead, copied into a static input
+    ON_DEVICE = "built on the device"  # a host tensor copied to the device: its factory gets `device=`, else drawn ahead
+    STATIC_INPUT = "copied into the static input"  # CapturedStep moves host inputs to the device: the copy a no-op
+    FETCHED = "fetched before each replay"  # batches taken and host draws made ahead of the replay, in order
+    EAGER = "left eager between replays"  # GPU work under a step-counter condition: a loop of its own
+    SIDE_STREAM = "built on a side stream"  # a DDP model: constructed on a side stream, warmed up before capture
+    REFUSED = "refused"  # the rewrite leaves the loop as written
+
+
+class Applicability(str, Enum):
+    """How far the rewrite's fix can be trusted (as ruff's Applicability)."""
+
+    SAFE = "safe"  # the rewritten step computes what the written one did
+    GUARDED = "guarded"  # only with what the runtime checks as it runs (warmup steps, a fallback to eager)
+    NONE = "none"  # no fix: the user changes the code
+
+
+class Partial(str, Enum):
+    """A finding outside the models' forward, beside a partial capture (the models alone graphed)."""
+
+    EAGER = "eager"  # runs eagerly where it stands
+    UNLESS_UNREAD = "unless unread"  # blocks it, unless no graphed model reads what it makes
+    NEVER = "never"  # blocks it
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A rule's fix descriptor: what the rewrite does about its findings, and how safe that is."""
+
+    kind: FixKind = FixKind.REFUSED
+    applicability: Applicability = Applicability.NONE
+    partial: Partial = Partial.EAGER
+    advice: str | None = None  # the fix told where the planner refuses a loop for this rule
+
+
 @dataclass(frozen=True)
 class Rule:
     code: str
@@ -32,6 +72,7 @@ class Rule:
     # A mechanical rewrite can remove this breaker (static buffers, tensor LR, eager host code...).
     # Individual diagnostics may still be marked not removable when their context defeats the rewrite.
     rewritable: bool
+    fix: Fix = Fix()
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,16 @@ def test_codes_unique_and_well_formed():
     assert all(re.fullmatch(r"GFY\d{3}", c) for c in codes), codes
 
 
-def test_one_doc_per_rule():
-    docs_dir = Path(graphify.rules.__file__).parent / "docs"
-    assert sorted(p.stem for p in docs_dir.glob("*.md")) == [r.code for r in RULES]
-    for r in RULES:
-        assert rule_doc(r.code) == (docs_dir / f"{r.code}.md").read_text(encoding="utf-8")
+def test_one_module_per_rule():
+    """Each rule is one module, named for its code and name, holding its page; every rule module of the
+    package is in the registry."""
+    for unit in graphify.rules.units():
+        code, name = unit.RULE.code, unit.RULE.name
+        assert unit.__name__.rsplit(".", 1)[1] == f"{code.lower()}_{name.replace('-', '_')}"
+        assert rule_doc(code) == unit.DOC
+    package = Path(graphify.rules.__file__).parent
+    modules = sorted(".".join(p.relative_to(package).with_suffix("").parts) for p in package.glob("*/gfy*.py"))
+    assert modules == sorted(graphify.rules.REGISTRY)
 
 
 def test_names_unique_kebab_case():
@@ -93,3 +98,12 @@ def test_doc_example(code, kind, example):
     source = _IMPORTS + "\n".join(context) + "\n" + example
     found = {d.code for d in analyze_source(source, "example.py", Settings(select=["ALL"])).diagnostics}
     assert (code in found) == (kind == "Flagged"), sorted(found)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.code)
+def test_fix_descriptor(rule):
+    """A rule the rewrite can remove says how; one it cannot has no fix to apply."""
+    from graphify.model import Applicability, FixKind
+
+    assert rule.rewritable == (rule.fix.kind is not FixKind.REFUSED)
+    assert (rule.fix.applicability is Applicability.NONE) == (rule.fix.kind is FixKind.REFUSED)

@@ -48,6 +48,9 @@ class Finding:
     message: str
     fix: str
     removable: bool | None = None  # None: as the rule says
+    # Where its family's walk of the loop reached it, for the findings of a family's rules to come in one
+    # order (the engine sorts them by it); None: the position of the node in the loop's walk.
+    order: tuple | None = None
 
 
 def removable(finding: Finding) -> bool:
@@ -81,13 +84,22 @@ class Checker:
     def body_env(self) -> Env:
         return self.region.body_block.env
 
-    def finding(self, rule: Rule, node: cst.CSTNode, site: Site, message: str, fix: str, removable: bool | None = None) -> Finding:
-        return Finding(rule, node, site.block.module, message, fix, removable)
+    def finding(
+        self, rule: Rule, node: cst.CSTNode, site: Site, message: str, fix: str, removable: bool | None = None, order: tuple | None = None
+    ) -> Finding:
+        return Finding(rule, node, site.block.module, message, fix, removable, order)
 
     def finding_at(
-        self, rule: Rule, node: cst.CSTNode, module: ModuleInfo, message: str, fix: str, removable: bool | None = None
+        self,
+        rule: Rule,
+        node: cst.CSTNode,
+        module: ModuleInfo,
+        message: str,
+        fix: str,
+        removable: bool | None = None,
+        order: tuple | None = None,
     ) -> Finding:
-        return Finding(rule, node, module, message, fix, removable)
+        return Finding(rule, node, module, message, fix, removable, order)
 
     @cached_property
     def _order(self) -> dict[int, int]:

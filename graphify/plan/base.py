@@ -17,12 +17,13 @@ from graphify.analysis.statements import (
 )
 from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import PURE_BUILTINS, SCALER, SCHEDULER
+from graphify.model import FixKind
 
-FIXED_IN_PLACE = {"GFY401", "GFY251", "GFY422", "GFY501", "GFY411", "GFY412"}
-# pattern rules whose findings the planner acts on, by code: a tensor built from host data in the step
-# (GFY201) and a host tensor copied to the device there (GFY302) are drawn before the call (draws.py); the
-# copy of a host factory's tensor gets `device=` instead (Plan.device_factories)
-HOST_DATA, HOST_TENSOR_COPY = "GFY201", "GFY302"
+# The planner acts on a pattern rule's findings by its fix descriptor (Rule.fix.kind), never by its code:
+# findings fixed where they stand are no breakers of the step; a tensor built from host data in the step
+# (DRAWN) and a host tensor copied to the device there (ON_DEVICE) are drawn before the call (draws.py);
+# the copy of a host factory's tensor gets `device=` instead (Plan.device_factories).
+FIXED_IN_PLACE = FixKind.IN_PLACE
 SHAPE_METHODS = {"size", "dim", "numel"}
 
 

@@ -23,7 +23,8 @@ from graphify.analysis.randomness import HOST_RANDOM, RANDOM_FACTORIES as _RANDO
 from graphify.analysis.statements import contains, names_read, names_written, walk
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
-from graphify.plan.base import HOST_DATA, HOST_TENSOR_COPY, Plan, ReplaceNodes, fresh_name
+from graphify.model import FixKind
+from graphify.plan.base import Plan, ReplaceNodes, fresh_name
 
 # torch calls that build a new host tensor (or copy one) and change nothing else but the host generator
 _BUILDERS = _RANDOM | {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "eye", "arange", "linspace", "Variable"}
@@ -41,7 +42,7 @@ def plan_draws(plan: Plan, body: list[cst.BaseStatement], findings: list[Finding
     parents: dict[int, dict[int, cst.CSTNode]] = {}  # statement index -> its parent map, made once
     by_stmt: dict[int, list[cst.BaseExpression]] = {}
     for f in findings:
-        if not ((f.rule.code in (HOST_TENSOR_COPY, HOST_DATA)) and not removable(f)):
+        if not (f.rule.fix.kind in (FixKind.ON_DEVICE, FixKind.DRAWN) and not removable(f)):
             continue
         index = next((i for i in plain if id(f.node) in ids[i]), None)
         if index is not None:

@@ -12,19 +12,19 @@ from graphify.analysis.names import dotted
 from graphify.analysis.region import Loop
 from graphify.analysis.statements import names_written, unguarded, walk
 from graphify.analysis.vocabulary import DDP, MODEL
-from graphify.model import Rule
+from graphify.model import Partial, Rule
 from graphify.plan.base import body_of
 from graphify.plan.dataflow import attribute_targets, is_host_expression
-from graphify.plan.refusals import DDP_MODEL, LOOP_SHAPE, Refusal
+from graphify.plan.refusals import DDP_MODEL, LOOP_SHAPE, MUTATED_STATE, Refusal
 
-# What the eager code around the graphed models may not do: change attributes or modes the graphed
-# forward may read (items written into an array the loop's function made, and the forward does not
-# read, are the eager code's own: a replay buffer), or load batches padded to their own length. GFY252
-# from the loader: every input changes shape every batch, so a graph would rarely replay (padding in the
-# loop body pads what it is given: the models fed other tensors may pay); GFY402: LBFGS re-evaluates its closure, and a graphed model in
-# it, under host logic of its own. Collectives around the models run eagerly where they stand; whether a
-# model is wrapped in DDP only the run can tell, and GraphedModule leaves such a model eager.
-_NEVER = {"GFY703", "GFY252", "GFY253", "GFY402"}
+# What the eager code around the graphed models may not do, each rule's fix descriptor says (Rule.fix.partial):
+# change attributes or modes the graphed forward may read (items written into an array the loop's function
+# made, and the forward does not read, are the eager code's own: a replay buffer), or load batches padded to
+# their own length. Padding from the loader changes every input's shape every batch, so a graph would rarely
+# replay (padding in the loop body pads what it is given: the models fed other tensors may pay); LBFGS
+# re-evaluates its closure, and a graphed model in it, under host logic of its own. Collectives around the
+# models run eagerly where they stand; whether a model is wrapped in DDP only the run can tell, and
+# GraphedModule leaves such a model eager.
 
 
 @dataclass
@@ -80,17 +80,17 @@ def make_partial_plan(loop: Loop, reasons: list[str], breakers: list[tuple[Rule,
     read_in_forward = {n.value for n, _ in loop.region.nodes if isinstance(n, cst.Name) and id(n) in forward}
     in_loop = {id(n) for n, _ in loop.region.nodes}
     for rule, node in breakers:
-        if rule.code == "GFY703" and _fills_host_buffer(node, scope, read_in_forward):
+        if rule is MUTATED_STATE and _fills_host_buffer(node, scope, read_in_forward):
             continue  # a replay buffer of the eager code around the models: no graph reads it
         if (
-            rule.code == "GFY252"
+            rule.fix.partial is Partial.UNLESS_UNREAD
             and node is not None
             and id(node) in in_loop
             and id(node) not in forward
             and not _feeds(node, [*model_calls, *(p.call for p in passes)], body)
         ):
             continue  # padding no model reads (packed targets, outputs): the models' inputs may keep one shape
-        if rule.code in _NEVER:
+        if rule.fix.partial is not Partial.EAGER:
             raise Refusal(rule, f"partial capture cannot leave {rule.code} ({rule.name}) eager", node)
         if node is not None and id(node) in forward:
             raise Refusal(rule, "the model's forward itself would be captured with it", node)

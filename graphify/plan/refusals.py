@@ -1,78 +1,27 @@
 """The planner's refusals: why a loop is not rewritten (Refusal), and the rules its own refusals name.
 
-GFY701-706 are decided by the planner (dataflow.py, whole.py, inputs.py, mutations.py, partial.py); the
-rewrite-safety family (rules/rewrite_safety.py) registers them and reports the per-step host values, host
-side effects and state changes (GFY701-703) it finds by pattern too, and the engine turns the planner's
-refusals into findings with the fixes below. Partial capture refuses a DistributedDataParallel model with
-GFY613, which the distributed family reports and registers. A refusal may also name any rule whose finding
-the planner cannot leave eager (it comes with the finding).
+GFY701-706 are decided by the planner (dataflow.py, whole.py, inputs.py, mutations.py, partial.py); each
+is a rule module of graphify/rules/rewrite_safety/ (its metadata, page and the advice the engine gives
+with the refusal, RULE.fix.advice), which reports the per-step host values, host side effects and state
+changes (GFY701-703) it finds by pattern too; the engine turns the planner's refusals into findings.
+Partial capture refuses a DistributedDataParallel model with GFY613 (graphify/rules/distributed/). A
+refusal may also name any rule whose finding the planner cannot leave eager (it comes with the finding).
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from graphify.model import Rule, Severity
+from graphify.model import Rule
+from graphify.rules.distributed.gfy613_ddp_model_in_step import RULE as DDP_MODEL
+from graphify.rules.rewrite_safety.gfy701_per_step_host_value import RULE as PER_STEP_HOST_VALUE
+from graphify.rules.rewrite_safety.gfy702_host_side_effect_in_step import RULE as HOST_SIDE_EFFECT
+from graphify.rules.rewrite_safety.gfy703_mutated_host_state import RULE as MUTATED_STATE
+from graphify.rules.rewrite_safety.gfy704_order_dependent_host_statement import RULE as ORDER
+from graphify.rules.rewrite_safety.gfy705_host_branch_with_else_in_step import RULE as HOST_BRANCH_IN_STEP
+from graphify.rules.rewrite_safety.gfy706_unsupported_loop_shape import RULE as LOOP_SHAPE
 
-
-def _rule(code: str, name: str, summary: str, rewritable: bool) -> Rule:
-    return Rule(code, name, "rewrite-safety", Severity.ERROR, summary, rewritable)
-
-
-PER_STEP_HOST_VALUE = _rule(
-    "GFY701",
-    "per-step-host-value",
-    "the step reads a Python value that changes between steps; capture would freeze it",
-    False,
-)
-HOST_SIDE_EFFECT = _rule(
-    "GFY702",
-    "host-side-effect-in-step",
-    "the step calls something with host side effects (`next`, `random`, numpy RNG, time, I/O); capture would run it once",
-    True,  # only host draws that build the step's inputs: the rewrite draws them before each replay
-)
-MUTATED_STATE = _rule(
-    "GFY703",
-    "mutated-host-state",
-    "an attribute or module mode the step depends on is changed in the loop or inside the step",
-    False,
-)
-ORDER = _rule(
-    "GFY704",
-    "order-dependent-host-statement",
-    "a host statement inside the step cannot move out of it without changing the order of effects",
-    False,
-)
-HOST_BRANCH_IN_STEP = _rule(
-    "GFY705",
-    "host-branch-with-else-in-step",
-    "a host `if` inside the step with an `elif`, on one line, with host statements in its `else`, or alone binding a value read after the step; one graph per outcome is not built for it",
-    False,
-)
-LOOP_SHAPE = _rule(
-    "GFY706",
-    "unsupported-loop-shape",
-    "the loop's shape is not one the rewrite handles (`else:` clause, step outside the loop body, GradScaler step before backward, a function defined in the loop)",
-    False,
-)
-
-DDP_MODEL = Rule(
-    "GFY613",
-    "ddp-model-in-step",
-    "distributed",
-    Severity.ERROR,
-    "a DistributedDataParallel model needs side-stream construction and 11 warmup steps",
-    True,
-)
-
-FIXES = {
-    "GFY701": "keep the value on the device and update it in place before the step (`t.fill_(value)`), or make it constant for the loop",
-    "GFY702": "fetch batches and draw host random numbers before the step; draw random numbers on the device inside it",
-    "GFY703": "keep such state on the device, or constant for the loop; change modes outside the step",
-    "GFY704": "put host work before the forward pass or after the optimizer step",
-    "GFY705": "write the branch as `if`/`else` whose branches only launch GPU work, or move it out of the step",
-    "GFY706": "keep the step in the loop body (not in functions defined in the loop), and `else:` logic after the loop",
-}
+__all__ = ["DDP_MODEL", "HOST_BRANCH_IN_STEP", "HOST_SIDE_EFFECT", "LOOP_SHAPE", "MUTATED_STATE", "ORDER", "PER_STEP_HOST_VALUE", "Refusal"]
 
 
 class Refusal(Exception):

@@ -29,11 +29,11 @@ from graphify.analysis.statements import (
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import MODEL, OPTIMIZER, is_torch_tensor_call
+from graphify.model import FixKind
 from graphify.plan import dataflow
 from graphify.plan.base import (
     EMPTY,
     FIXED_IN_PLACE,
-    HOST_TENSOR_COPY,
     Plan,
     ReplaceNodes,
     body_nodes_of,
@@ -126,7 +126,7 @@ def _make_plan(loop: Loop, findings: list[Finding], enclosing: cst.CSTNode, refu
     dataflow.check_captured_code(plan, body, refuse)
     _check_breakers(plan, findings, body, refuse)
     plan.device_factories = {
-        id(f.node): device_for_factory(f.node, f.module.aliases) for f in findings if f.rule.code == HOST_TENSOR_COPY and removable(f)
+        id(f.node): device_for_factory(f.node, f.module.aliases) for f in findings if f.rule.fix.kind is FixKind.ON_DEVICE and removable(f)
     }
     plan.ddp_builds = {
         id(f.node)
@@ -459,16 +459,16 @@ def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStat
     captured = [body[i] for i in plan.graph]
     drawn = drawn_nodes(plan)
     for f in findings:
-        if (f.rule.code in FIXED_IN_PLACE and removable(f)) or id(f.node) in plan.hoisted_reads or id(f.node) in drawn:
+        if (f.rule.fix.kind is FIXED_IN_PLACE and removable(f)) or id(f.node) in plan.hoisted_reads or id(f.node) in drawn:
             continue
-        if f.rule.code == HOST_TENSOR_COPY and removable(f):  # its factory gets `device=` (plan.device_factories)
+        if f.rule.fix.kind is FixKind.ON_DEVICE and removable(f):  # its factory gets `device=` (plan.device_factories)
             continue
         anchors = body_nodes_of(plan, f.node)  # a function the body calls twice: each call
         if not removable(f):
             # a breaker in a statement that stays outside the step runs eagerly, where it stands; the
             # fixed-in-place rules and dynamic shapes describe the captured step wherever they are reported
             if (
-                f.rule.code not in FIXED_IN_PLACE
+                f.rule.fix.kind is not FIXED_IN_PLACE
                 and f.rule.category != "dynamic-shape"
                 and f.rule is not MUTATED_STATE  # state the step reads, wherever the loop changes it
                 and all(any(contains(s, anchor) for s in body) for anchor in anchors)
@@ -482,7 +482,7 @@ def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStat
         if not in_graph:
             continue
         stmt, anchor = in_graph[0]
-        if f.rule.code == "GFY301":
+        if f.rule.fix.kind is FixKind.STATIC_INPUT:
             # An input copied inside the step: CapturedStep moves host inputs to `device` first,
             # which turns the copy into a no-op.
             device = device_in_loop_scope(plan, f.node)

@@ -1,6 +1,6 @@
-"""The rule factory and the categories rules belong to; every rule family imports it."""
+"""The rule factory and the categories rules belong to; every rule module makes its RULE with it."""
 
-from graphify.model import Rule, Severity
+from graphify.model import Fix, Rule, Severity
 
 CATEGORIES = (
     "host-sync",
@@ -19,6 +19,6 @@ CATEGORIES = (
 )
 
 
-def rule(code: str, name: str, category: str, severity: str, summary: str, rewritable: bool) -> Rule:
+def rule(code: str, name: str, category: str, severity: str, summary: str, rewritable: bool, fix: Fix = Fix()) -> Rule:
     assert category in CATEGORIES, category
-    return Rule(code, name, category, Severity(severity), summary, rewritable)
+    return Rule(code, name, category, Severity(severity), summary, rewritable, fix)

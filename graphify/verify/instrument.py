@@ -168,7 +168,7 @@ def _context(analysis: LoopAnalysis) -> tuple[bool, bool]:
     reenterable = loop.func.node is not None or any(isinstance(a, (cst.For, cst.While)) for a in loop.ancestors)
     scope = loop.func.node if loop.func.node is not None else loop.module.tree
     env = loop.region.body_block.env
-    scheduled = any(f.rule.code in ("GFY411", "GFY412") for f in analysis.all_findings) or any(
+    scheduled = any(f.rule.category == "lr-scheduler" for f in analysis.all_findings) or any(
         (m := method_call(n)) is not None and m[1] == "step" and env.kind_of(m[0]) == SCHEDULER for n in walk(scope)
     )
     return reenterable, scheduled

@@ -1,0 +1,1 @@
+"""in-loop-allocation: tensors built from host data inside the step. One module per rule."""

@@ -1,0 +1,1 @@
+"""distributed: collectives and DDP machinery in the step. One module per rule; shared.py holds what they share."""

@@ -1,0 +1,1 @@
+"""host-sync: operations that make the CPU wait for the GPU (and two data-dependent sizes, GFY008-009, whose sync follows from a dynamic shape). One module per rule; shared.py holds what they share."""
