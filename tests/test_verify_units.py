@@ -436,3 +436,17 @@ def test_the_child_writes_down_what_the_script_writes(tmp_path):
     written = set((tmp_path / "run.created").read_text().splitlines())
     root = tmp_path.resolve()
     assert written == {str(root / "log.txt"), str(root / "ckpt"), str(root / "ckpt" / "model.pt")}
+
+
+def test_a_partial_capture_whose_step_runs_in_a_helper_is_probed_after_the_call_handing_it_the_model():
+    """`loss = train(model, x, y, idx, optimizer)`: the helper runs the backward and the optimizer's step,
+    so the probe follows that call and reads the optimizer as the loop body names it."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "fixtures/traps/model_handed_to_step_helper.py"
+    r = instrument(path.read_text(), str(path))
+    assert r.kind == "train" and "graphed_model" in r.rewritten
+    lines = r.original.splitlines()
+    at = next(i for i, line in enumerate(lines) if "__graphify_probe__(" in line and "enter()" not in line)
+    assert lines[at].strip() == "__graphify_probe__(None, (optimizer,))"
+    assert "loss = train(model, x, y, train_idx, optimizer)" in lines[at - 1]

@@ -15,6 +15,7 @@ import libcst as cst
 
 from graphify.analysis.checker import Checker
 from graphify.analysis.calls import is_backward, is_model_call, is_step_op, method_call
+from graphify.analysis.names import dotted
 from graphify.analysis.rewritten import runtime_helper_assignments
 from graphify.analysis.program import Program
 from graphify.engine import LoopAnalysis, analyze_module
@@ -189,6 +190,8 @@ def _probe(analysis: LoopAnalysis) -> tuple[cst.CSTNode, int, str, bool] | None:
         anchors = [i for i, n in calls if is_step_op(n, env)]
         plan = analysis.plan
         carried = _carried(plan)
+        if not anchors and plan is not None and not isinstance(plan, Plan):
+            return _probe_after_helper(analysis, body, carried)
         if not anchors and plan is not None:
             # the step runs in a called function: record what the captured call returns
             optimizers = _optimizers([_code(o) for o in plan.optimizers])
@@ -217,6 +220,30 @@ def _probe(analysis: LoopAnalysis) -> tuple[cst.CSTNode, int, str, bool] | None:
             output = target
     value = _tuple([_code(e.value) for e in names]) if names else _code(output) if output is not None else "None"
     return loop.node, anchors[-1], f"{PROBE}({value}, None)", output is not None
+
+
+def _probe_after_helper(analysis: LoopAnalysis, body: list[cst.BaseStatement], carried: str) -> tuple | None:
+    """A partial capture whose step runs in a helper handed the model (`loss = train(model, data, opt)`):
+    the probe goes after the last statement handing the model to a helper that runs the backward (not to
+    an evaluation helper after it), and reads the optimizers the helper steps as the loop body names them
+    (the arguments bound to the helper's parameters)."""
+    region = analysis.loop.region
+    backward_calls = {
+        id(c) for n, site in region.nodes if isinstance(n, cst.Call) and is_backward(n, site.env) for c in region.body_calls_of(site)
+    }
+    passes = {id(m) for m in analysis.plan.model_passes}
+    handing = [i for i, s in enumerate(body) if any(id(n) in passes for n in walk(s)) and any(id(n) in backward_calls for n in walk(s))]
+    if not handing:
+        return None
+    in_body = {id(n) for s in body for n in walk(s)}
+    stepped = []
+    for expr, site in Checker(analysis.loop).stepped_optimizers:
+        bound = site.env.bound.get(dotted(expr) or "")
+        for candidate in (expr, bound[1] if bound else None):
+            if candidate is not None and id(candidate) in in_body:
+                stepped.append(candidate)
+    optimizers = _optimizers([_code(o) for o in _distinct(stepped)])
+    return analysis.loop.node, handing[-1], f"{PROBE}(None, {optimizers}{carried})", False
 
 
 def _step_block(loop: cst.For | cst.While, index: int, step_calls: list[cst.Call]) -> tuple[cst.CSTNode, int]:
