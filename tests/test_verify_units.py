@@ -450,3 +450,20 @@ def test_a_partial_capture_whose_step_runs_in_a_helper_is_probed_after_the_call_
     at = next(i for i, line in enumerate(lines) if "__graphify_probe__(" in line and "enter()" not in line)
     assert lines[at].strip() == "__graphify_probe__(None, (optimizer,))"
     assert "loss = train(model, x, y, train_idx, optimizer)" in lines[at - 1]
+
+
+def test_a_step_after_the_loop_was_entered_again_with_another_model_is_measured_without_a_crash():
+    """The loop of `train(epoch, model)` called first with one model, then another: the state before the
+    first step of the second model has other shapes. That step is compared with no scale from it (strictly),
+    a state of another shape than the original's is as far as can be; nothing raises."""
+    from graphify.verify import forcing
+
+    def state(*tensors):
+        return {"params": [{"weight": t} for t in tensors], "optim": [], "buffers": []}
+
+    before = state(torch.zeros(784, 10))
+    after = state(torch.ones(5, 5))
+    assert forcing.differences(torch, state(torch.ones(5, 5)), after, before) == {"params": 0.0, "params_abs": 0.0}
+    off = forcing.differences(torch, state(torch.ones(5, 5) + 1e-3), after, before)
+    assert off["params"] > 1e3  # no scale from the step before: any difference counts in full
+    assert forcing.differences(torch, state(torch.ones(4, 5)), after, before)["params"] == math.inf

@@ -153,11 +153,22 @@ def differences(torch, current, original, before) -> dict:
     out = {}
     for part in ("params", "optim", "buffers"):
         a, b, prev = (_flat(torch, s[part]) for s in (current, original, before))
-        names = sorted(set(a) & set(b) & set(prev))
+        names = sorted(set(a) & set(b))
         if not names:
             continue
-        delta = sum(float(torch.linalg.vector_norm((a[n].double() - b[n].double()).nan_to_num(nan=float("inf"))) ** 2) for n in names)
-        moved = sum(float(torch.linalg.vector_norm(b[n].double() - prev[n].double()) ** 2) for n in names)
+        # a state of another shape than the original's is as far from it as can be; a state the step before
+        # had in another shape (the loop entered again with another model) gives that tensor no scale
+        delta = sum(
+            float(torch.linalg.vector_norm((a[n].double() - b[n].double()).nan_to_num(nan=float("inf"))) ** 2)
+            if a[n].shape == b[n].shape
+            else float("inf")
+            for n in names
+        )
+        moved = sum(
+            float(torch.linalg.vector_norm(b[n].double() - prev[n].double()) ** 2)
+            for n in names
+            if n in prev and prev[n].shape == b[n].shape
+        )
         size = sum(float(torch.linalg.vector_norm(b[n].double()) ** 2) for n in names)
         eps = torch.finfo(b[names[0]].dtype).eps if b[names[0]].is_floating_point() else 0.0
         out[part] = delta**0.5 / max(moved**0.5, eps * size**0.5, 1e-30)
