@@ -47,6 +47,7 @@ REGISTRY = (
     "devices.gfy301_per_step_device_copy",
     "devices.gfy302_host_tensor_moved_in_step",
     "shapes.gfy253_graph_batch",
+    "shapes.gfy254_tensor_grown_each_step",
     "shapes.gfy252_variable_length_batch",
     "shapes.gfy251_loader_without_drop_last",
     "optimizers.gfy401_optimizer_not_capturable",
