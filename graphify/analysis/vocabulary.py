@@ -47,6 +47,10 @@ _ENV_NAME = re.compile(r"^(self\.)?(env|envs|environment|[a-z_]*_env|sim|game)$"
 # helpers that reduce or gather their argument across processes (`utils.reduce_dict(loss_dict)`,
 # `reduce_tensor(loss.data, n)`, `concat_all_gather(keys)`): a tensor in, a tensor of the same kind out
 COLLECTIVE_HELPER = re.compile(r"(^|_)(reduce|gather)(_|$)")
+# names that say a collective whatever they are handed: MPI, all-reduce and all-gather, barriers, gradient averaging
+COLLECTIVE_NAME = re.compile(
+    r"(^|_)(mpi|allreduce|all_reduce|allgather|all_gather|barrier|avg_grads|average_gradients|sync_grads)(_|$)", re.I
+)
 SYNC_FLAG = "require_backward_grad_sync"  # DDP's own switch, which `no_sync()` flips
 # builtins whose result holds the items of its arguments (`list(zip(a, b))`): tensors if theirs are
 SAME_ITEMS = frozenset({"list", "tuple", "sorted", "reversed", "zip"})

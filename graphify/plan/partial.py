@@ -190,7 +190,7 @@ _INDEX_OR_HOST = {"argmax", "argmin", "detach", "item", "tolist"}  # what no gra
 
 
 def _never_differentiated(call: cst.Call, body: list[cst.BaseStatement], scope: cst.CSTNode) -> bool:
-    """Whether the model call's result only ever reaches argmax/argmin, detach, item or tolist, directly
+    """Whether the model call's result only ever reaches argmax/argmin, detach, item, tolist, float or int, directly
     or through a name bound to it (an agent picking its action with gradients on). No backward reaches
     such a call: graphed, it would leave the graph waiting for one, and the model eager from then on."""
 
@@ -199,7 +199,8 @@ def _never_differentiated(call: cst.Call, body: list[cst.BaseStatement], scope: 
         if m is not None and m[0] is value and m[1] in _INDEX_OR_HOST:
             return True
         name = dotted(c.func) or ""
-        return name.rsplit(".", 1)[-1] in ("argmax", "argmin") and bool(c.args) and c.args[0].value is value
+        # `float(loss)` and `int(n)` read it on the host as `.item()` does
+        return name.rsplit(".", 1)[-1] in ("argmax", "argmin", "float", "int") and bool(c.args) and c.args[0].value is value
 
     nodes = [n for s in body for n in walk(s)]
     if any(isinstance(n, cst.Call) and only_read_by(n, call) for n in nodes):

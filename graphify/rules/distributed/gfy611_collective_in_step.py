@@ -76,6 +76,27 @@ CASES = {
         """,
         False,
     ),
+    "collective-named-for-what-it-does": (
+        """
+        from mpi_tools import mpi_avg_grads
+        for x, y in loader:
+            opt.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            mpi_avg_grads(model)  # here
+            opt.step()
+        """,
+        """
+        from dist_utils import all_gather
+        for x, y in loader:
+            opt.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            opt.step()
+            stats = all_gather({"loss": float(loss.item()), "n": 1})
+        """,
+        False,
+    ),
     "accelerate-gather": (
         """
         for x, y in loader:

@@ -4,7 +4,7 @@ import libcst as cst
 
 from graphify.analysis.calls import method_call
 from graphify.analysis.names import dotted
-from graphify.analysis.vocabulary import ACCELERATOR, COLLECTIVE_HELPER, DDP
+from graphify.analysis.vocabulary import ACCELERATOR, COLLECTIVE_HELPER, COLLECTIVE_NAME, DDP
 
 _COLLECTIVES = {
     "all_reduce",
@@ -46,13 +46,20 @@ def _is_collective(call: cst.Call, env) -> bool:
 
 def _is_collective_helper(call: cst.Call, env, followed: set[int]) -> bool:
     """`utils.reduce_dict(loss_dict)`, `reduce_tensor(loss.data, n)`: a helper of another file, which the
-    analysis does not follow, named for a collective and handed a tensor. Bare `reduce`/`gather` (einops,
+    analysis does not follow, named for a collective and handed a tensor; or named for nothing else than
+    one (an MPI call, an all-reduce, a barrier) and handed anything but host values alone. Bare `reduce`/`gather` (einops,
     functools, `torch.gather`) and tensor methods are not."""
     name = env.qualify(call.func) or dotted(call.func) or ""
     last = name.rsplit(".", 1)[-1]
-    if id(call) in followed or name.startswith("torch.") or last in ("reduce", "gather") or not COLLECTIVE_HELPER.search(last):
+    if id(call) in followed or name.startswith("torch."):
         return False
     if isinstance(call.func, cst.Attribute) and (env.is_tensor(call.func.value) or env.kind_of(call.func.value) is not None):
+        return False
+    if COLLECTIVE_NAME.search(last):
+        # `mpi_avg_grads(ac.pi)`, `fabric.barrier()`, `allreduce_grads(model)`; not one handed only host values
+        # (`dist.all_gather(comm)` of a dict of floats read after the step: bookkeeping between replays)
+        return not call.args or not all(env.is_host(a.value) for a in call.args)
+    if last in ("reduce", "gather") or not COLLECTIVE_HELPER.search(last):
         return False
     return bool(call.args) and call.args[0].keyword is None and env.is_tensor(call.args[0].value)
 
