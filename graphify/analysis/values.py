@@ -125,7 +125,7 @@ class Env:
             return None  # whatever its name says
         if not values and self._names_a_function(name):
             return None  # `def call_model(module, x)`: a function, whatever its name says
-        return kind_by_name(name) or (MODEL if name in self._put_in_eval_mode() or name in self._trained_by_an_optimizer() else None)
+        return kind_by_name(name) or (MODEL if name in self._used_as_modules() else None)
 
     def _names_a_function(self, name: str) -> bool:
         """A function of this module, or a method of this class (`self.model_step`)."""
@@ -159,40 +159,38 @@ class Env:
         verdicts = {self._tensor(v, depth + 1) for v in others}
         return True if others and verdicts == {True} else None
 
-    def _put_in_eval_mode(self) -> set[str]:
-        """Names this body calls `.eval()` on (`task.eval()` before a validation loop): modules, whatever their name."""
+    def _used_as_modules(self) -> set[str]:
+        """Names this body uses as modules, whatever they are called: it calls `.eval()` on them (`task.eval()`
+        before a validation loop), or hands their parameters, or a submodule's, to an optimizer
+        (`Adam(ac.pi.parameters(), lr=pi_lr)`: `ac.pi` and `ac`)."""
         body = self.func.node if getattr(self.func, "node", None) is not None else getattr(self.module, "tree", None)
         if body is None:
             return set()
-        found = _EVAL_RECEIVERS.get(id(body))
+        found = _MODULE_NAMES.get(id(body))
         if found is None or found[0] is not body:
-            names = set()
-            for stmt in simple_statements(body):
-                call = stmt.body[0].value if type(stmt.body[0]) is cst.Expr else None
-                if type(call) is cst.Call and type(call.func) is cst.Attribute and call.func.attr.value == "eval" and not call.args:
-                    names.add(dotted(call.func.value))
-            found = _EVAL_RECEIVERS[id(body)] = (body, names - {None})
+            found = _MODULE_NAMES[id(body)] = (body, self._put_in_eval_mode(body) | self._trained_by_an_optimizer(body))
         return found[1]
 
-    def _trained_by_an_optimizer(self) -> set[str]:
-        """Names whose parameters this body hands to an optimizer (`Adam(ac.pi.parameters(), lr=pi_lr)`: `ac.pi`
-        and `ac`): modules, whatever their name."""
-        body = self.func.node if getattr(self.func, "node", None) is not None else getattr(self.module, "tree", None)
-        if body is None:
-            return set()
-        found = _TRAINED.get(id(body))
-        if found is None or found[0] is not body:
-            names = set()
-            for call in (n for n in descendants(body) if type(n) is cst.Call and n.args):
-                if self._kind_of_call(call, 7) != OPTIMIZER:
-                    continue
-                for n in descendants(call.args[0].value):
-                    if type(n) is cst.Call and type(n.func) is cst.Attribute and n.func.attr.value in ("parameters", "named_parameters"):
-                        owner = dotted(n.func.value)
-                        if owner:
-                            names.update({owner, owner.split(".")[0]} if not owner.startswith("self.") else {owner})
-            found = _TRAINED[id(body)] = (body, names - {"self"})
-        return found[1]
+    @staticmethod
+    def _put_in_eval_mode(body: cst.CSTNode) -> set[str]:
+        names = set()
+        for stmt in simple_statements(body):
+            call = stmt.body[0].value if type(stmt.body[0]) is cst.Expr else None
+            if type(call) is cst.Call and type(call.func) is cst.Attribute and call.func.attr.value == "eval" and not call.args:
+                names.add(dotted(call.func.value))
+        return names - {None}
+
+    def _trained_by_an_optimizer(self, body: cst.CSTNode) -> set[str]:
+        names = set()
+        for call in (n for n in descendants(body) if type(n) is cst.Call and n.args):
+            if self._kind_of_call(call, 7) != OPTIMIZER:
+                continue
+            for n in descendants(call.args[0].value):
+                if type(n) is cst.Call and type(n.func) is cst.Attribute and n.func.attr.value in ("parameters", "named_parameters"):
+                    owner = dotted(n.func.value)
+                    if owner:
+                        names.update({owner, owner.split(".")[0]} if not owner.startswith("self.") else {owner})
+        return names - {"self"}
 
     def _is_container_of_objects(self, expr: cst.BaseExpression) -> bool:
         name = dotted(expr)
@@ -489,8 +487,7 @@ class Env:
                 break
 
 
-_TRAINED: dict[int, tuple[cst.CSTNode, set[str]]] = memo()  # body id -> (body, names an optimizer trains)
-_EVAL_RECEIVERS: dict[int, tuple[cst.CSTNode, set[str]]] = memo()
+_MODULE_NAMES: dict[int, tuple[cst.CSTNode, set[str]]] = memo()  # body id -> (body, names it uses as modules)
 _GLOBALS: dict[int, tuple[cst.CSTNode, frozenset[str]]] = memo()
 
 

@@ -1,10 +1,7 @@
 """GFY004 tensor-numpy."""
 
-from graphify.analysis.checker import code_of
-from graphify.analysis.calls import method_call
 from graphify.model import Applicability, Fix, FixKind
-from graphify.rules.host_sync.shared import READ_AFTER, method_read
-from graphify.rules.host_sync.host_tensors import host_batch_names
+from graphify.rules.host_sync.shared import method_read_findings
 from graphify.rules.registry import rule
 
 RULE = rule(
@@ -19,17 +16,7 @@ RULE = rule(
 
 
 def detect(ck):
-    host_batch = host_batch_names(ck)
-    for call, site in ck.calls():
-        if method_read(ck, call, site, host_batch) == "numpy":
-            yield ck.finding(
-                RULE,
-                call,
-                site,
-                f"`{code_of(method_call(call)[0])}.numpy()` needs the tensor on the host",
-                READ_AFTER,
-                ck.host_read_removable(call, site),
-            )
+    yield from method_read_findings(ck, RULE, "numpy", "needs the tensor on the host")
 
 
 DOC = """\

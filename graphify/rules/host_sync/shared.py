@@ -7,10 +7,10 @@ order below), so that two rules never report the same read.
 import libcst as cst
 
 from graphify.analysis.calls import method_call
-from graphify.analysis.checker import is_host_move, is_true, kwarg
+from graphify.analysis.checker import code_of, is_host_move, is_true, kwarg
 from graphify.analysis.logging_calls import is_logging_call
 from graphify.analysis.vocabulary import DDP, LOSS, MODEL
-from graphify.rules.host_sync.host_tensors import on_host
+from graphify.rules.host_sync.host_tensors import host_batch_names, on_host
 
 DYNAMIC = {"nonzero", "unique", "unique_consecutive", "argwhere", "masked_select"}
 READ_AFTER = "read it after the step (graphify rewrite reads the graph's static output after each replay)"
@@ -68,3 +68,14 @@ def call_read(call: cst.Call, env) -> str | None:
     if isinstance(call.func, cst.Attribute) and call.func.attr.value == "format" and any(env.is_tensor(a.value) for a in call.args):
         return "format"
     return None
+
+
+def method_read_findings(ck, rule, read: str, says: str):
+    """`rule`'s findings: every `x.<read>()` of the step that `method_read` tells is that host read,
+    removable where the read can move after the replay."""
+    host_batch = host_batch_names(ck)
+    for call, site in ck.calls():
+        if method_read(ck, call, site, host_batch) == read:
+            yield ck.finding(
+                rule, call, site, f"`{code_of(method_call(call)[0])}.{read}()` {says}", READ_AFTER, ck.host_read_removable(call, site)
+            )
