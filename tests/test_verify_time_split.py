@@ -430,3 +430,33 @@ def test_verify_splits_a_data_bound_scripts_time(tmp_path):
     result = CliRunner().invoke(cli, ["verify", str(path), "--steps", "4", "--json", "--no-time-split", "--no-profile"])
     doc = json.loads(result.stdout)
     assert doc["runs"]["original"]["time_split"] is None and doc["time_verdict"] is None
+
+
+def test_copies_from_pageable_memory_are_counted_apart_and_named_when_they_weigh():
+    clock = Clock()
+    split = TimeSplit(origin=0.0, clock=clock)
+    split.enter(clock.at(1.0))
+    split.call(timing.PAGEABLE_H2D, 1.0, 1.3)  # an unpinned batch's copy
+    split.call(H2D, 1.3, 1.4)  # a pinned one
+    split.step_end(clock.at(2.0))
+    s = split.summary()
+    assert s["seconds"][H2D] == pytest.approx(0.4) and s["h2d_pageable_s"] == pytest.approx(0.3)
+    assert "30% of it copies batches from pageable memory" in timing.verdict(s)
+    s["h2d_pageable_s"] = 0.04  # under 5% of the run after start-up: not worth a word
+    assert "pageable" not in timing.verdict(s)
+    assert "pageable" not in timing.verdict(summary(step=1.0, h2d_copies=3.0))  # an older child's split
+
+
+def test_the_wrappers_tell_a_pinned_source_from_a_pageable_one(monkeypatch):
+    """On the CPU nothing is pinned: every "upload" is from pageable memory until `is_pinned` says otherwise."""
+    split, uninstall = installed(on_device=lambda t: t.dtype == torch.float64)
+    try:
+        split.enter(time.perf_counter())
+        torch.arange(4.0).to(torch.float64)
+        pageable = split.pageable
+        monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: True)
+        torch.arange(4.0).to(torch.float64)
+        split.stop(time.perf_counter())
+    finally:
+        uninstall()
+    assert pageable > 0 and split.pageable == pageable and split.summary()["seconds"][H2D] > pageable

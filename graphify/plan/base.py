@@ -67,6 +67,8 @@ class Plan:
     fetches: list[cst.Call] = field(default_factory=list)  # the `next(...)` calls among the drawn expressions
     # breakers the rewrite cannot remove, left eager where they stand outside the step (Finding)
     eager: list = field(default_factory=list)
+    # per-step device copies made outside the step, where they stand (Finding): the rewrite stages them
+    copies_outside: list = field(default_factory=list)
     # the loop body as planned (StepBody.statements), which the indexes above count, and where each comes from
     statements: list[cst.BaseStatement] = field(default_factory=list)
     origins: list[int] = field(default_factory=list)

@@ -480,6 +480,8 @@ def _check_breakers(plan: Plan, findings: list[Finding], body: list[cst.BaseStat
             continue
         in_graph = [(s, anchor) for anchor in anchors for s in captured if contains(s, anchor)]
         if not in_graph:
+            if f.rule.fix.kind is FixKind.STATIC_INPUT:
+                plan.copies_outside.append(f)
             continue
         stmt, anchor = in_graph[0]
         if f.rule.fix.kind is FixKind.STATIC_INPUT:

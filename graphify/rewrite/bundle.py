@@ -30,6 +30,7 @@ _ORDER = (
     "reach",
     "states",
     "gradients",
+    "staging",
     "captured_step",
     "graphed_module",
 )  # each imports only those before it

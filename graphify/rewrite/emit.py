@@ -12,6 +12,7 @@ from graphify.plan import PartialPlan, Plan
 from graphify.plan.draws import drawn_value
 from graphify.plan.base import if_chain, split_branches, step_statements
 from graphify.rewrite.deferred import DEFERRED_READS, Deferral, deferred_run, reads_object, with_flush
+from graphify.rewrite.staging import stage_call, staged_copies
 
 CAPTURED_STEP, GRAPHED_MODULE, DDP_BUILDER = "CapturedStep", "GraphedModule", "build_on_capture_stream"
 
@@ -120,12 +121,14 @@ class Rewriter(cst.CSTTransformer):
         self.renames: dict[int, str] = {}  # model call -> the graphed module it now calls
         self.passed: dict[int, str] = {}  # a model handed to a helper that calls it -> the graphed module
         self.defs: dict[int, list[cst.BaseStatement]] = {}
+        self.staged: dict[int, str] = {}  # a batch's device copy outside the step -> the step that stages it
         for e in emissions:
             if isinstance(e.plan, PartialPlan):
                 self._graph_module(e, helper_names[GRAPHED_MODULE])
                 continue
             for call in e.plan.zero_grads:
                 self.call_edits[id(call)] = ("set_to_none", "False")
+            self.staged.update(staged_copies(e.plan, e.step_name))
 
     def _graph_module(self, e: Emission, class_name: str) -> None:
         plan = e.plan
@@ -160,6 +163,8 @@ class Rewriter(cst.CSTTransformer):
             return updated.with_changes(func=cst.Name(self.renames[id(original)]))
         if id(original) in self.device_factories:  # `torch.zeros(n).to(device)` -> `torch.zeros(n, device=device)`
             return _with_kwarg(updated.func.value, "device", self.device_factories[id(original)])
+        if id(original) in self.staged:
+            return stage_call(updated, self.staged[id(original)])
         if id(original) in self.ddp_builds:  # `DDP(model, ...)` -> `build_on_capture_stream(DDP, model, ...)`
             first = cst.Arg(value=updated.func, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
             return updated.with_changes(func=cst.Name(self.ddp_builder), args=[first, *updated.args])

@@ -36,6 +36,7 @@ from graphify.runtime.gradients import GradientWatch, GraphGradients
 from graphify.runtime.host_values import HostValues, compiled, drift_reason, first_difference, recording_allowed
 from graphify.runtime.optimizer_settings import give_back, make_capturable, moved_settings, use_tensor_lrs
 from graphify.runtime.reach import bindings, inner_optimizers, referenced, registrations, same, watch_registrations, why_not_capturable
+from graphify.runtime.staging import staged_copy
 from graphify.runtime.states import GraphStates, Phase, Wrapper, registry
 
 MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes every step and the step stays eager
@@ -126,6 +127,7 @@ class CapturedStep(Wrapper):
             self._forget_graphs()  # e.g. the optimizer's state loaded from the best epoch's checkpoint
 
     copy = staticmethod(copy_outputs)
+    stage = staticmethod(staged_copy)  # `x = train_step.stage(x, device)`: the batch's copy waits for no replay before it
     fetch = staticmethod(Fetched)  # `train_step.fetch(lambda: next(loader), k)`: the batches of k micro-steps
 
     @property

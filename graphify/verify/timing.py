@@ -30,6 +30,8 @@ import threading
 import time
 
 STARTUP, DATA, H2D, STEP, HOST_READ, EVALUATION, REST = "startup", "data_wait", "h2d_copies", "step", "host_reads", "evaluation", "rest"
+PAGEABLE_NOTE_SHARE = 0.05  # a share of the run after start-up that copies from pageable memory worth a word
+PAGEABLE_H2D = "h2d_pageable"  # a host-to-device copy from pageable memory: counted as H2D, and apart
 PARTS = (STARTUP, DATA, H2D, STEP, HOST_READ, EVALUATION, REST)
 AFTER_STARTUP = PARTS[1:]  # the parts of the run the verdict weighs
 LABELS = {
@@ -54,6 +56,7 @@ class TimeSplit:
         self.clock, self.origin = clock, origin
         self.seconds = dict.fromkeys(PARTS, 0.0)
         self.reads_in_step = 0.0  # host reads inside iterations, counted in the step
+        self.pageable = 0.0  # host-to-device copies from pageable memory, counted in H2D
         self.excluded = 0.0  # verify's own work at the probes, and the profiled steps
         self.steps = 0  # iterations counted
         self.timing = False  # whether the wrappers time calls now: in the probed loop, not paused
@@ -141,8 +144,11 @@ class TimeSplit:
         self._since = t1
         if part == HOST_READ:
             self._pending_reads += t1 - t0
-        else:
-            self.seconds[part] += t1 - t0
+            return
+        if part == PAGEABLE_H2D:
+            part = H2D
+            self.pageable += t1 - t0
+        self.seconds[part] += t1 - t0
 
     def iterate(self, iterable):
         """The probed loop's own iterable (`for x in __graphify_probe__.data(loader)`): the same items, in
@@ -199,6 +205,7 @@ class TimeSplit:
             "whole_s": self.end - self.origin - self.excluded,
             "seconds": dict(self.seconds),
             "host_reads_in_step_s": self.reads_in_step,
+            "h2d_pageable_s": self.pageable,
             "steps": self.steps,
             "excluded_s": self.excluded,
         }
@@ -217,22 +224,26 @@ def install(torch, split: TimeSplit, on_device=None):
     def device(t) -> bool:
         return bool(on_device(t)) if isinstance(t, torch.Tensor) else False
 
+    def upload(source) -> str:
+        """A host-to-device copy, told apart when its source is in pageable memory."""
+        return H2D if isinstance(source, torch.Tensor) and source.is_pinned() else PAGEABLE_H2D
+
     def to(args, kwargs, result):
         if result is None:
             return None
         src, dst = device(args[0]), device(result)
-        return H2D if dst and not src else HOST_READ if src and not dst else None
+        return upload(args[0]) if dst and not src else HOST_READ if src and not dst else None
 
     def copy(args, kwargs, result):
-        src = args[1] if len(args) > 1 else kwargs.get("src")
-        dst, src = device(args[0]), device(src)
-        return H2D if dst and not src else HOST_READ if src and not dst else None
+        source = args[1] if len(args) > 1 else kwargs.get("src")
+        dst, src = device(args[0]), device(source)
+        return upload(source) if dst and not src else HOST_READ if src and not dst else None
 
     def read(args, kwargs, result):
         return HOST_READ if device(args[0]) else None
 
     def cuda(args, kwargs, result):
-        return H2D if result is not None and not device(args[0]) else None
+        return upload(args[0]) if result is not None and not device(args[0]) else None
 
     tensor = torch.Tensor
     for name, classify in (
@@ -334,6 +345,22 @@ def verdict(summary: dict, gpu_busy: float | None = None) -> str | None:
     share = shares(summary)
     if share is None:
         return None
+    return _bound(share, gpu_busy) + _pageable_note(summary)
+
+
+def _pageable_note(summary: dict) -> str:
+    """What copies from pageable memory cost, where they take a visible share of the run (5% or more)."""
+    loop = sum(summary["seconds"][p] for p in AFTER_STARTUP)
+    pageable = summary.get("h2d_pageable_s", 0.0) / loop
+    if pageable < PAGEABLE_NOTE_SHARE:
+        return ""
+    return (
+        f"; {pageable:.0%} of it copies batches from pageable memory, through the driver's staging buffer"
+        " while the CPU waits (DataLoader(..., pin_memory=True) pins them in a background thread)"
+    )
+
+
+def _bound(share: dict, gpu_busy: float | None) -> str:
     top = max(AFTER_STARTUP, key=lambda p: share[p])
     bound = f"capture saves at most {share[STEP]:.0%} (the step's share)"
     if top != STEP:
