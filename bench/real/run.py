@@ -196,6 +196,9 @@ def _verify(script: Path, run: dict) -> dict:
         "setup_s": {k: v.get("setup_s") for k, v in runs.items()},
         "steps_compared": (doc.get("tolerance") or {}).get("steps_compared"),
         "on_cuda": doc.get("on_cuda"),
+        "time_split": {k: v.get("time_split") for k, v in runs.items()},  # where each version's time goes
+        "time_verdict": doc.get("time_verdict"),
+        "step_verdict": doc.get("verdict"),
     }
 
 
@@ -355,13 +358,18 @@ def main(argv: list[str] | None = None) -> int:
     p_report = sub.add_parser("report")
     p_report.add_argument("--json", type=Path, default=ROOT / "bench/results/real_run.json")
     p_report.add_argument("--out", type=Path, default=ROOT / "bench/results/real_run.md")
+    p_split = sub.add_parser("time-split", help="the time split of each verified script, original against rewrite")
+    p_split.add_argument("--json", type=Path, default=ROOT / "bench/results/real_run.json")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         return prepare(args.mirrors, args.only)
     if args.command == "run":
         return run_all(args.only, args.json, args.repeat)
-    from run_report import write_report
+    from run_report import time_split_table, write_report
 
+    if args.command == "time-split":
+        print("\n".join(time_split_table(json.loads(args.json.read_text())["records"])))
+        return 0
     return write_report(args.json, args.out)
 
 

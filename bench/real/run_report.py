@@ -94,6 +94,55 @@ def _within_spread(whole: dict) -> bool:
     return bool(eager and graphed) and min(graphed) <= max(eager) and min(eager) <= max(graphed)
 
 
+SPLIT_PARTS = ("data_wait", "h2d_copies", "step", "host_reads", "evaluation", "rest")
+SPLIT_LABELS = ("data", "copies", "step", "reads", "eval", "rest")
+
+
+def _split_cell(split: dict | None) -> str:
+    """A version's run after start-up: seconds, then each part's share."""
+    if not split:
+        return "—"
+    seconds = split["seconds"]
+    after = sum(seconds[p] for p in SPLIT_PARTS)
+    if after <= 0:
+        return "—"
+    shares = " ".join(f"{label} {seconds[p] / after:.0%}" for p, label in zip(SPLIT_PARTS, SPLIT_LABELS) if seconds[p] / after >= 0.005)
+    pageable = split.get("h2d_pageable_s") or 0.0
+    note = f" (pageable {pageable / after:.0%})" if pageable / after >= 0.005 else ""
+    return f"{after:.2f} s: {shares}{note}"
+
+
+def _bound(verify: dict) -> str:
+    """What bounds the original's run (the time verdict's first words) and its step (launch- or GPU-bound)."""
+    run = (verify.get("time_verdict") or "").split(":", 1)[0] or "—"
+    step = (verify.get("step_verdict") or "").split(":", 1)[0]
+    return run if not step or step == run else f"{run}; step {step}"
+
+
+def time_split_table(records: list[dict]) -> list[str]:
+    """Original against rewrite, for each script verify split: where the run after start-up goes, the step's
+    speedup and the whole run's."""
+    lines = [
+        "| script | bound by | original, after start-up | rewrite, after start-up | step | after start-up | whole run |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: |",
+    ]
+    for record in records:
+        verify = record.get("verify") or {}
+        split = verify.get("time_split") or {}
+        if not split.get("original"):
+            continue
+        before, after = (sum(s["seconds"][p] for p in SPLIT_PARTS) if s else None for s in (split.get("original"), split.get("rewrite")))
+        whole = record.get("whole_run") or {}
+        eager, graphed = whole.get("eager", {}), whole.get("graphify", {})
+        whole_cell = _ratio(eager.get("seconds"), graphed.get("seconds")) if eager.get("ok") and graphed.get("ok") else "—"
+        step = verify.get("speedup")
+        lines.append(
+            f"| {record['id']} | {_bound(verify)} | {_split_cell(split.get('original'))} | {_split_cell(split.get('rewrite'))}"
+            f" | {f'{step:.2f}×' if step else '—'} | {_ratio(before, after)} | {whole_cell} |"
+        )
+    return lines
+
+
 def summary(records: list[dict], static: dict[str, list[dict]]) -> list[str]:
     loops = [lp for found in static.values() for lp in found]
     train = [lp for lp in loops if lp["kind"] == "train"]

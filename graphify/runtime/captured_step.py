@@ -127,7 +127,7 @@ class CapturedStep(Wrapper):
             self._forget_graphs()  # e.g. the optimizer's state loaded from the best epoch's checkpoint
 
     copy = staticmethod(copy_outputs)
-    stage = staticmethod(staged_copy)  # `x = train_step.stage(x, device)`: the batch's copy waits for no replay before it
+    stage = staticmethod(staged_copy)  # `x = train_step.stage(x, device)`: the batch's copy waits for no replay before it (staging.py)
     fetch = staticmethod(Fetched)  # `train_step.fetch(lambda: next(loader), k)`: the batches of k micro-steps
 
     @property

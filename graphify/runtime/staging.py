@@ -1,37 +1,36 @@
-"""Staged inputs: a host batch's copy to the GPU issued on a copy stream, so that the CPU does not wait for
-the replays queued before it.
+"""Staged inputs: a host batch's copy to the GPU queued without the CPU waiting for the replays queued before it.
 
 `x.to(device)` from host memory waits until the GPU has run everything queued before the copy: each
-step's copy stalls the CPU until the previous replay is done, and the CPU cannot queue the next replay
-while the GPU runs this one. `staged_copy(x, device)` makes the same copy on a stream of its own, which
-waits for nothing queued before it; the current stream waits for the copy (an event, no host wait), and
-the CPU waits only for the copy itself to have read `x`, so that code writing into `x` afterwards (a
-reused pinned buffer) cannot change what was copied. The result holds the same values as `x.to(device)`;
-whatever is not a plain host tensor going to a CUDA device is handed to `.to` (or `.cuda`) as written.
+step's copy stalls the CPU until the previous replay is done, so the CPU cannot queue the next replay
+while the GPU runs this one. `staged_copy(x, device)` queues the same copy with `non_blocking=True` on the
+current stream, after what is queued there as before, and returns at once. Its values cannot change after
+the call: from pageable memory the driver copies `x` into a staging buffer of its own before it returns;
+from pinned memory (a DataLoader with `pin_memory=True`, or a buffer the loop refills) `x` is first copied
+into a pinned block of PyTorch's host allocator, which that allocator does not hand out again before the
+copy has run. The result holds the same values as `x.to(device)`; whatever is not a plain host tensor going
+to a CUDA device is handed to `.to` (or `.cuda`) as written.
+
+(A copy stream of its own, waited on by an event, would let the GPU run the copy beside the replay; on the
+small batches of launch-bound steps its bookkeeping cost more than that won: bench/staging/run.py.)
 """
 
 from __future__ import annotations
 
 import torch
 
-_COPY_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
 
 def staged_copy(value, device=None):
-    """`value.to(device)` (`value.cuda()` without a device), its copy on a copy stream when `value` is a
-    host tensor bound for a CUDA device; what `.to` or `.cuda` returns otherwise."""
+    """`value.to(device)` (`value.cuda()` without a device), queued without waiting for the GPU when `value`
+    is a host tensor bound for a CUDA device; what `.to` or `.cuda` returns otherwise."""
     target = _cuda_target(value, device)
     if target is None:
         return value.cuda() if device is None else value.to(device)
-    current = torch.cuda.current_stream(target)
-    stream = _copy_stream(target)
-    with torch.cuda.stream(stream):
-        staged = value.to(target, non_blocking=True)  # allocated from the copy stream's pool
-    copied = stream.record_event()
-    current.wait_event(copied)
-    staged.record_stream(current)  # its memory is not reused before the current stream is done with it
-    copied.synchronize()  # the copy has read `value`: the caller may write into it again
-    return staged
+    if value.is_pinned():
+        if not value.is_contiguous():
+            return value.to(target)
+        held = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+        value = held.copy_(value)  # the caller may refill its buffer at once; this block waits for the copy
+    return value.to(target, non_blocking=True)
 
 
 def _cuda_target(value, device) -> torch.device | None:
@@ -48,11 +47,4 @@ def _cuda_target(value, device) -> torch.device | None:
         return None
     if target.type != "cuda" or not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
         return None
-    return torch.device("cuda", torch.cuda.current_device()) if target.index is None else target
-
-
-def _copy_stream(device: torch.device) -> torch.cuda.Stream:
-    stream = _COPY_STREAMS.get(device)
-    if stream is None:
-        stream = _COPY_STREAMS[device] = torch.cuda.Stream(device)
-    return stream
+    return target

@@ -1,6 +1,6 @@
 """Staged batch copies on a GPU (`train_step.stage(x, device)`, graphify/runtime/staging.py): the tensor
-`x.to(device)` returns, from pageable and pinned memory, contiguous or not; a pinned buffer written again
-right after its copy leaves the copy as it was; the CPU does not wait for the work queued before the copy;
+`x.to(device)` returns, from pageable and pinned memory, contiguous or not; a buffer written again right
+after its copy leaves the copy as it was; the CPU does not wait for the work queued before the copy;
 a staged loop trains as the written one."""
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ def test_the_staged_tensor_is_the_one_to_returns(pinned, layout):
     assert torch.equal(staged, expected)
 
 
-def test_a_pinned_buffer_refilled_after_its_copy_leaves_the_copy_as_it_was():
-    buffer = torch.empty(1 << 20).pin_memory()
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_buffer_refilled_after_its_copy_leaves_the_copy_as_it_was(pinned):
+    buffer = torch.empty(1 << 20)
+    buffer = buffer.pin_memory() if pinned else buffer
     copies = []
     torch.cuda._sleep(50_000_000)  # the current stream busy for a while: a copy ordered after it would read late
     for value in range(4):
