@@ -73,6 +73,29 @@ def test_a_moved_float_learning_rate_alone_is_told_from_other_settings():
     assert moved_settings(counts, frozen) == "other"
 
 
+class _LearningRateOnly(torch.optim.Optimizer):
+    def __init__(self, params):
+        super().__init__(params, {"lr": 0.1})
+
+
+def test_a_group_with_one_setting_is_followed_as_one_with_many():
+    """Settings are compared a group at a time, by identity first: one setting alone too, and a value
+    that equals nothing, not even itself (NaN), moves only when replaced."""
+    optimizer = _LearningRateOnly([torch.nn.Parameter(torch.zeros(2))])
+    counts, frozen = [], []
+    use_tensor_lrs([optimizer], [], frozen, counts)
+    group = optimizer.param_groups[0]
+    assert [names for _, names, _, _ in frozen] == [("lr",)] and moved_settings(counts, frozen) is None
+    group["lr"] = 0.05
+    assert moved_settings(counts, frozen) == "lr"
+    group["lr"], group["eps"] = float("nan"), float("nan")
+    counts, frozen = [], []
+    use_tensor_lrs([optimizer], [], frozen, counts)
+    assert moved_settings(counts, frozen) is None
+    group["eps"] = float("nan")
+    assert moved_settings(counts, frozen) == "other"
+
+
 def test_a_step_that_gives_up_warns_once_at_the_callers_line():
     step = CapturedStep(lambda x: x)
     with warnings.catch_warnings(record=True) as caught:

@@ -6,6 +6,7 @@ or run out of turn changes the log. The CUDA tests (tests/gpu/) run the real thi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import warnings
@@ -18,7 +19,7 @@ from graphify.runtime import captured_step as captured_step_module
 from graphify.runtime import graphed_module as graphed_module_module
 from graphify.runtime.captured_step import MAX_KEYS, CapturedGraph
 from graphify.runtime.common import TRIAL_BLOCK, TRIAL_BLOCKS, LoopTrial, leaves, tree_map
-from graphify.runtime.gradients import GraphGradients
+from graphify.runtime.gradients import GradientWatch, GraphGradients
 from graphify.runtime.graphed_module import ModuleGraph
 from graphify.runtime.host_values import RECHECK_FROM
 from graphify.runtime.optimizer_settings import use_tensor_lrs
@@ -504,3 +505,81 @@ def test_dropped_graphs_wait_for_a_fork_unless_they_hold_much_memory():
         assert large() is None
     finally:
         gc.enable()
+
+
+# ---- what each replay still checks ---------------------------------------------------------------
+
+
+class Watched(Traced):
+    """A Traced step whose capture keeps the gradient bookkeeping of a real one (gradients.GradientWatch)."""
+
+    def _record_graph(self, key, device, inputs):
+        watch = GradientWatch([p for m in self.state.modules for p in m.parameters()])
+        try:
+            captured, failure = super()._record_graph(key, device, inputs)
+        finally:
+            watch.close()
+        return dataclasses.replace(captured, gradients=watch.gradients()), failure
+
+
+def _replaying_model_step(fresh, monkeypatch):
+    """A training step of a small model, replaying: (the step, its model, an input)."""
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    monkeypatch.setenv("GRAPHIFY_HOST_CHECK", "off")  # on the CPU every small tensor is a host value
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.0), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    step, x = Watched(_sgd_step(model, optimizer), fresh), torch.randn(8, 4)
+    assert run(step, 5, x) == (["eager"] * 3 + ["capture+replay", "replay"], [])
+    return step, model, x
+
+
+def _mode_by_attribute(model):
+    model[1].training = False  # not through eval(): no method of the module runs
+
+
+def _frozen_by_attribute(model):
+    model[0].bias.requires_grad = False
+
+
+@pytest.mark.parametrize(
+    "change",
+    [_mode_by_attribute, lambda model: model.eval(), _frozen_by_attribute, lambda model: model[2].requires_grad_(False)],
+    ids=["mode-by-attribute", "eval", "requires-grad-by-attribute", "requires-grad-method"],
+)
+def test_a_mode_or_a_frozen_parameter_changed_between_replays_is_another_graph(fresh, monkeypatch, change):
+    """The modes and which parameters require grad are read at every call, however they were set: the
+    changed step warms up as a key of its own, and changed back it replays its first graph again."""
+    step, model, x = _replaying_model_step(fresh, monkeypatch)
+    before = ([m.training for m in model.modules()], [p.requires_grad for p in model.parameters()])
+    change(model)
+    assert run(step, 1, x) == (["eager"], [])
+    for m, mode in zip(model.modules(), before[0]):
+        m.training = mode
+    for p, wanted in zip(model.parameters(), before[1]):
+        p.requires_grad = wanted
+    assert run(step, 1, x) == (["replay"], [])
+
+
+def test_gradients_unset_or_replaced_between_replays_point_at_the_graphs_again(fresh, monkeypatch):
+    """`.grad` set to None or to another tensor between replays (eager code, a zero_grad outside the step)
+    is put back where the graph leaves it before the next replay."""
+    step, model, x = _replaying_model_step(fresh, monkeypatch)
+    weight, bias = model[0].weight, model[0].bias
+    left = weight.grad, bias.grad
+    weight.grad, bias.grad = None, torch.zeros_like(bias)
+    assert run(step, 1, x) == (["replay"], [])
+    assert weight.grad is left[0] and bias.grad is left[1]
+
+
+@pytest.mark.parametrize(
+    "other",
+    [torch.ones(4, 3), torch.ones(3, dtype=torch.float64), torch.ones(3, device="meta")],
+    ids=["shape", "dtype", "device"],
+)
+def test_an_input_of_another_shape_dtype_or_device_runs_eagerly_between_replays(fresh, monkeypatch, other):
+    monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")
+    step, x = Traced(_double, fresh), torch.ones(3)
+    run(step, 5, x)
+    assert run(step, 3, x)[0] == ["replay"] * 3
+    assert run(step, 1, other)[0] == ["eager"] and run(step, 1, x)[0] == ["replay"]

@@ -126,7 +126,8 @@ def render_markdown(data, png_name: str | None = "benchmarks.png") -> str:
         )
         + "give "
         "ms/step = (t(n2) − t(n1)) / (n2 − n1); the table shows the median. Setup = t(first call) − "
-        "n1 × ms/step: side-stream warmup plus capture for the graph variants, compilation plus "
+        "n1 × ms/step: side-stream warmup plus capture for the graph variants (graphify's loop trial of "
+        "replayed against eager calls too), compilation plus "
         "CUDA-graph recording for the compile variants, lazy CUDA/cuBLAS/cuDNN initialisation for "
         "eager. Peak memory is `torch.cuda.max_memory_allocated()` during the first call. "
         "The loss column evaluates batch 0 after the last n2-step call, without gradients, as a "

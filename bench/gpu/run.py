@@ -30,6 +30,12 @@ CPU smoke test (eager only, a few steps, no docs written):
 
     python bench/gpu/run.py --quick --workloads tiny,mlp
 
+graphify against hand capture on the launch-bound workloads, in alternating rounds (each round runs every
+variant once, in turn, so that a slow spell of the machine falls on both; each (workload, variant) then
+reports the median of all its rounds' repeats, the spread, and each round's median):
+
+    python bench/gpu/run.py --workloads tiny,mlp --variants eager,graphify,hand --rounds 4 --repeats 5 --no-docs
+
 Re-render docs from an existing results file:
 
     python bench/gpu/run.py --render-only bench/results/gpu.json
@@ -44,6 +50,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,13 +83,16 @@ DEFAULT_VARIANTS = VARIANTS[:5]
 #: chosen large enough that even graph replays (30-40 microseconds a step on tiny, where 600 steps
 #: proved too short to time against host jitter) add up to far more than the jitter of a call's
 #: setup, and small enough that the whole benchmark fits in one 10-minute call on an H200 (the
-#: compute-bound workloads take 0.04-0.5 s a step). n1 is past warmup and capture (3 + 1 steps) so
-#: that the difference of two calls holds replays only, never a capture.
+#: compute-bound workloads take 0.04-0.5 s a step). n1 is past warmup and capture (3 + 1 steps, 5 with
+#: graphify's host-value record) and graphify's loop trial after it (24 calls, half of them eager: setup,
+#: as the capture is), so that the difference of two calls holds replays only, never a capture or a trial
+#: turn; at n1 = 20 it held 5 eager calls of the trial. (The recorded replays at the 128th, 256th, ...
+#: replay stay in it: they recur in any run, if ever more rarely.)
 STEPS = {
-    "tiny": (20, 2020),
-    "mlp": (20, 420),
-    "cnn": (20, 320),
-    "transformer": (20, 220),
+    "tiny": (40, 2040),
+    "mlp": (40, 440),
+    "cnn": (40, 340),
+    "transformer": (40, 240),
     "mlp_large_batch": (5, 11),
     "cnn_large": (5, 15),
 }
@@ -192,6 +202,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma-separated; known: {', '.join(VARIANTS)}")
     p.add_argument("--quick", action="store_true", help="tiny step counts; on CPU only eager runs")
     p.add_argument("--repeats", type=int, default=None, help=f"timing repeats (default {DEFAULT_REPEATS}, quick 1)")
+    p.add_argument("--rounds", type=int, default=1, help="run the whole plan this many times, in turn (alternating rounds)")
     p.add_argument("--cpu", action="store_true", help="force CPU even when CUDA is available")
     p.add_argument("--json", default=None, help=f"results file (default {RESULTS_JSON.relative_to(REPO)}; --quick: {QUICK_JSON})")
     p.add_argument("--docs-dir", default=None, help="where benchmarks.md/.png go (default docs/; not in --quick)")
@@ -265,29 +276,20 @@ def main(argv=None) -> int:
     plan += [(w, v) for w in workloads for v in variants if v in COMPILE_VARIANTS]
 
     t_start = time.perf_counter()
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for round_index in range(args.rounds):
+        for workload, variant in plan:
+            res = _planned_run(workload, variant, args, has_cuda, args.budget_s - (time.perf_counter() - t_start))
+            runs.setdefault((workload, variant), []).append(res)
+            label = f" round {round_index + 1}" if args.rounds > 1 else ""
+            print(f"[{time.perf_counter() - t_start:6.1f}s]{label} {workload:16s} {variant:14s} {describe(res)}", flush=True)
     results: dict[str, dict[str, dict]] = {w: {} for w in workloads}
-    env_info = None
-    for workload, variant in plan:
-        n1, n2 = QUICK_STEPS if args.quick else STEPS[workload]
-        elapsed = time.perf_counter() - t_start
-        left = args.budget_s - elapsed
-        if not has_cuda and variant != "eager":
-            res = {"status": "skipped", "reason": "needs CUDA (CPU run checks eager only)"}
-        elif variant == "graphify" and (reason := _graphify_unavailable(workload, args)):
-            res = {"status": "unavailable", "reason": reason}
-        elif left < 20:
-            res = {"status": "skipped", "reason": f"time budget ({args.budget_s:.0f} s) used up"}
-        else:
-            limit = args.compile_timeout_s if variant in COMPILE_VARIANTS else args.timeout_s
-            res = run_variant(workload, variant, n1, n2, args, min(limit, left))
-            if left < limit and "timeout" in str(res.get("reason", "")):
-                res["reason"] += " (cut by the overall time budget)"
-        res.setdefault("workload", workload)
-        res.setdefault("variant", variant)
-        if env_info is None and res.get("env"):
-            env_info = res["env"]
-        results[workload][variant] = res
-        print(f"[{time.perf_counter() - t_start:6.1f}s] {workload:16s} {variant:14s} {describe(res)}", flush=True)
+    for (workload, variant), rounds in runs.items():
+        results[workload][variant] = merge_rounds(rounds)
+    env_info = next((r["env"] for rounds in runs.values() for r in rounds if r.get("env")), None)
+    if args.rounds > 1:
+        for line in rounds_summary(results, workloads):
+            print(line)
 
     total = time.perf_counter() - t_start
     data = {
@@ -296,6 +298,7 @@ def main(argv=None) -> int:
             "env": env_info or {"torch": torch.__version__, "python": platform.python_version(), "device": "?"},
             "quick": args.quick,
             "repeats": args.repeats,
+            "rounds": args.rounds,
             "compile_reset": args.compile_reset,
             "steps": {w: list(QUICK_STEPS if args.quick else STEPS[w]) for w in workloads},
             "total_wall_s": total,
@@ -326,6 +329,60 @@ def main(argv=None) -> int:
         print(f"eager failed for: {', '.join(failed_eager)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _planned_run(workload: str, variant: str, args, has_cuda: bool, left: float) -> dict:
+    """One (workload, variant) run, or why it is skipped; `left`: seconds of the time budget left."""
+    n1, n2 = QUICK_STEPS if args.quick else STEPS[workload]
+    if not has_cuda and variant != "eager":
+        res = {"status": "skipped", "reason": "needs CUDA (CPU run checks eager only)"}
+    elif variant == "graphify" and (reason := _graphify_unavailable(workload, args)):
+        res = {"status": "unavailable", "reason": reason}
+    elif left < 20:
+        res = {"status": "skipped", "reason": f"time budget ({args.budget_s:.0f} s) used up"}
+    else:
+        limit = args.compile_timeout_s if variant in COMPILE_VARIANTS else args.timeout_s
+        res = run_variant(workload, variant, n1, n2, args, min(limit, left))
+        if left < limit and "timeout" in str(res.get("reason", "")):
+            res["reason"] += " (cut by the overall time budget)"
+    res.setdefault("workload", workload)
+    res.setdefault("variant", variant)
+    return res
+
+
+def merge_rounds(rounds: list[dict]) -> dict:
+    """One result from a (workload, variant)'s runs in alternating rounds: the first run that measured, its
+    ms/step the median of every round's repeats, with each round's median (`round_ms_per_step`, None where
+    that round did not measure)."""
+    measured = [r for r in rounds if r.get("status") == "ok"]
+    if len(rounds) == 1 or not measured:
+        return rounds[0]
+    merged = dict(measured[0])
+    merged["ms_per_step_repeats"] = [ms for r in measured for ms in r["ms_per_step_repeats"]]
+    merged["ms_per_step"] = statistics.median(merged["ms_per_step_repeats"])
+    merged["round_ms_per_step"] = [r["ms_per_step"] if r.get("status") == "ok" else None for r in rounds]
+    if len(measured) < len(rounds):
+        merged["notes"] = [*merged.get("notes", []), f"{len(rounds) - len(measured)} of {len(rounds)} rounds did not measure"]
+    return merged
+
+
+def rounds_summary(results: dict, workloads: list[str]) -> list[str]:
+    """Per workload, each variant's median ms/step over its rounds' repeats with their spread, and graphify's
+    share of hand capture's speedup (hand ms / graphify ms), overall and round by round."""
+    lines = []
+    for w in workloads:
+        shown = []
+        for variant, res in results[w].items():
+            if res.get("status") == "ok":
+                repeats = res["ms_per_step_repeats"]
+                shown.append(f"{variant} {res['ms_per_step']:.4f} ms ({min(repeats):.4f}-{max(repeats):.4f}, {len(repeats)} repeats)")
+        lines.append(f"{w}: " + "; ".join(shown))
+        graphify, hand = results[w].get("graphify", {}), results[w].get("hand", {})
+        if graphify.get("status") == hand.get("status") == "ok":
+            by_round = zip(graphify.get("round_ms_per_step", []), hand.get("round_ms_per_step", []))
+            rounds = ", ".join(f"{h / g:.0%}" if g and h else "-" for g, h in by_round)
+            lines.append(f"{w}: graphify / hand speedup {hand['ms_per_step'] / graphify['ms_per_step']:.0%} (round by round: {rounds})")
+    return lines
 
 
 def _graphify_unavailable(workload: str, args) -> str | None:

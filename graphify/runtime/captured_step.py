@@ -4,8 +4,8 @@ of states.py; StepState, what it keeps for a step across calls and re-entries of
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 
@@ -27,6 +27,8 @@ from graphify.runtime.common import (
     save_host_state,
     side_stream,
     split,
+    tensor_signature,
+    is_training,
     trial_event,
     tree_map,
     versions,
@@ -43,9 +45,11 @@ MAX_KEYS = 16  # graphs (and warmups) per step: beyond, a host value changes eve
 FEW_REPLAYS = 32  # a graph dropped after fewer replays did not pay for its capture
 KEPT_PER_STEP = 4  # states kept per step function: e.g. one train() function called in turn for a few models
 _CAPTURE_AGAIN = object()  # a replay found a value its graph froze moved, and dropped the graphs: the call starts over
+_is_cuda = operator.attrgetter("is_cuda")
 
 
-class CapturedGraph(NamedTuple):
+@dataclass(eq=False)
+class CapturedGraph:
     """One graph of a step, with what its replays need."""
 
     graph: torch.cuda.CUDAGraph
@@ -54,6 +58,10 @@ class CapturedGraph(NamedTuple):
     gradients: GraphGradients  # what each replay starts `.grad` from
     changed: tuple  # indexes of the inputs the step changes in place: copied back after each replay
     modes_set: list  # (module, training) the step's own mode calls set: set again after each replay
+    signature: list = field(init=False)  # the statics' shapes, dtypes and devices: what an input must have to fit
+
+    def __post_init__(self):
+        self.signature = list(map(tensor_signature, self.statics))
 
 
 @dataclass(eq=False)
@@ -73,7 +81,7 @@ class StepState(GraphStates):
     side_stream_used: bool = False
     pool: object = None  # the graphs' memory pool
     lr_tensors: list = field(default_factory=list)  # [param group, device tensor, float it holds]
-    frozen: list = field(default_factory=list)  # (param group, name, value at capture) the graph cannot follow
+    frozen: list = field(default_factory=list)  # of each param group, the settings the graph cannot follow (use_tensor_lrs)
     group_counts: list = field(default_factory=list)  # (optimizer, its param groups at capture): a group added later is not in the graph
     # times the graphs were dropped because a value they froze changed; of those, how many within FEW_REPLAYS
     # replays of the last; the replays of all keys then
@@ -135,7 +143,7 @@ class CapturedStep(Wrapper):
         return f"`{getattr(self.step, '__qualname__', 'step')}`"
 
     def __call__(self, *inputs, key=()):
-        if any(isinstance(x, Fetched) for x in inputs):
+        if Fetched in map(type, inputs):  # made by `fetch` alone
             if not self._fetch_ahead():
                 return self._fetch_in_order(inputs)
             inputs = tuple(x.fetch_all() if isinstance(x, Fetched) else x for x in inputs)
@@ -159,9 +167,9 @@ class CapturedStep(Wrapper):
             return self._eager(tensors, inputs) if state.side_stream_used else self.step(*inputs)
         key = self._key(key, host, handed)
         entry = state.keys.get(key)
-        phase = state.phase_of(entry, self._warmup())
-        if phase is Phase.CAPTURED:
+        if entry is not None and entry.graph is not None:  # CAPTURED
             return self._replayed(key, entry, tensors, inputs)
+        phase = state.phase_of(entry, self._warmup())
         if phase is Phase.CAPTURE:
             verdict = self._load_verdict("a step")  # GPU-bound: eager for good, before any capture
             return self._capture(key, tensors, inputs) if verdict == "capture" else self._eager(tensors, inputs, timed=verdict == "time")
@@ -171,7 +179,7 @@ class CapturedStep(Wrapper):
         """What a graph is valid for: the rewrite's `key` (host branch outcomes), the host inputs, whether grad
         is enabled, and the modes of the modules and which parameters require grad."""
         state = self.state
-        modes = bytes(m.training for m in state.submodules), bytes(map(requires_grad, state.parameters))
+        modes = bytes(map(is_training, state.submodules)), bytes(map(requires_grad, state.parameters))
         if handed:  # a model handed in (one of an ensemble): its identity is in the key, its modes too
             modes += (bytes(m.training for h in handed if isinstance(h, torch.nn.Module) for m in h.modules()),)
         return key, host, torch.is_grad_enabled(), modes
@@ -323,9 +331,9 @@ class CapturedStep(Wrapper):
         if (moved := moved_settings(state.group_counts, state.frozen)) is not None:  # SGD's LR moved by a per-epoch scheduler
             self._forget_graphs(warm=moved == "lr" and not state.ddps)
             return _CAPTURE_AGAIN
-        if not fits(captured.statics, tensors):
+        if not fits(captured.signature, tensors):
             return self._eager(tensors, inputs)
-        if self._trial_turn("a step") == "eager":
+        if state.trial is not None and self._trial_turn("a step") == "eager":
             return self._eager(tensors, inputs)
         if not captured.gradients.ready():  # a gradient present where the graph makes its own: capture adding to it
             self._forget_graphs(warm=not state.ddps)
@@ -407,6 +415,8 @@ class CapturedStep(Wrapper):
         """The models and optimizers handed to the call as arguments. The first call on CUDA finds what the
         step uses; a later one handed another optimizer leaves it eager."""
         state = self.state
+        if not host and state.inspected:  # the usual call: nothing handed, nothing to check
+            return []
         handed = [h.obj for h in host if isinstance(h, Identity) and isinstance(h.obj, (torch.nn.Module, torch.optim.Optimizer))]
         if not state.inspected:
             self._inspect(handed)
@@ -471,7 +481,7 @@ class CapturedStep(Wrapper):
     def _on_cuda(self, tensors) -> bool:
         """CUDA inputs; a step without tensor inputs (it reads buffers of its own) goes by its parameters."""
         if tensors:
-            return all(t.is_cuda for t in tensors)
+            return all(map(_is_cuda, tensors))
         device = self._param_device()
         return device is not None and device.type == "cuda"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import itertools
 import math
 import numbers
 import operator
@@ -40,6 +41,10 @@ TRIAL_MIN_PERIODS = 3  # of each kind, for a verdict
 
 # which tensors require grad: part of a graph's key, as autograd records only their backward
 requires_grad = operator.attrgetter("requires_grad")
+# a module's train/eval mode: part of a graph's key
+is_training = operator.attrgetter("training")
+# what a static input buffer takes in: a tensor of the same shape, dtype and device
+tensor_signature = operator.attrgetter("shape", "dtype", "device")
 
 
 class GraphifyFallbackWarning(RuntimeWarning):
@@ -318,9 +323,14 @@ def leaves(value) -> list:
     return out
 
 
+_TENSOR_TYPE = itertools.repeat(torch.Tensor)  # isinstance's second argument, for map: an endless one
+
+
 def split(value) -> tuple[list, tuple]:
     """The tensors of a value, and everything else in it (numbers, flags, strings; other objects by
     identity): a capture is valid only for the host values it was captured with."""
+    if type(value) is tuple and all(map(isinstance, value, _TENSOR_TYPE)):  # the usual call: tensors alone
+        return list(value), ()
     tensors: list = []
     host: list = []
     _leaves(value, tensors, host)
@@ -479,9 +489,10 @@ def _device_offsets() -> tuple:
     return tuple(g.get_offset() for g in torch.cuda.default_generators)
 
 
-def fits(static, new) -> bool:
-    """Same shapes, dtypes and devices: the new inputs can be copied into the static buffers."""
-    return len(static) == len(new) and all(s.shape == n.shape and s.dtype == n.dtype and s.device == n.device for s, n in zip(static, new))
+def fits(signature: list, new) -> bool:
+    """Same shapes, dtypes and devices as the static buffers (`tensor_signature` of each, in `signature`):
+    the new inputs can be copied into them."""
+    return list(map(tensor_signature, new)) == signature
 
 
 def versions(tensors) -> list:

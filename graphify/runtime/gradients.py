@@ -34,7 +34,7 @@ class GraphGradients:
         """Puts `.grad` where the graph reads and leaves it; False (nothing changed) when the gradients
         present do not suit the graph and the step must be captured again. Runs before every replay: one
         pass over the parameters in the usual case."""
-        if not all(map(operator.is_, map(_gradient, self.watched), self.expected)) and not self._restore():
+        if self.watched and not all(map(operator.is_, map(_gradient, self.watched), self.expected)) and not self._restore():
             return False
         if not all(map(operator.is_, map(_gradient, self.left_params), self.left_grads)):
             for p, grad in self.left:

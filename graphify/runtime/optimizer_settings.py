@@ -10,6 +10,7 @@ kernels than the host-side kind, so a step that stays eager gets the optimizers'
 from __future__ import annotations
 
 import numbers
+import operator
 
 import torch
 
@@ -46,23 +47,27 @@ def give_back(changed: list, in_use) -> None:
 def use_tensor_lrs(optimizers, lr_tensors: list, frozen: list, group_counts: list) -> list:
     """During capture, groups that can read the learning rate from a device tensor do (appended to
     `lr_tensors` as [group, tensor, float it holds]); every other setting the graph freezes is appended
-    to `frozen`; each optimizer's number of param groups, once, to `group_counts`. Returns the
-    (group, float) swapped, for the groups to show floats again after the capture."""
+    to `frozen`, one (group, names, getter of their values, values at capture) a group; each optimizer's
+    number of param groups, once, to `group_counts`. Returns the (group, float) swapped, for the groups
+    to show floats again after the capture."""
     swapped = []
     for optimizer in optimizers:
         if not any(o is optimizer for o, _ in group_counts):  # once: any other count drops every graph
             group_counts.append((optimizer, len(optimizer.param_groups)))
         for group in optimizer.param_groups:
+            # schedulers and callbacks may move any of these (OneCycleLR cycles betas and momentum; eps,
+            # weight decay, dampening): the graph froze them
+            names = [k for k, v in group.items() if k not in ("params", "lr") and _setting(v)]
             if "capturable" in group and not torch.is_tensor(group["lr"]):
                 lr = torch.tensor(group["lr"], dtype=torch.float32, device=group["params"][0].device)
                 lr_tensors.append([group, lr, group["lr"]])
                 swapped.append((group, group["lr"]))
                 group["lr"] = lr
             elif not torch.is_tensor(group["lr"]):
-                frozen.append((group, "lr", group["lr"]))
-            # schedulers and callbacks may move any of these (OneCycleLR cycles betas and momentum; eps,
-            # weight decay, dampening): the graph froze them
-            frozen += [(group, k, v) for k, v in group.items() if k not in ("params", "lr") and _setting(v)]
+                names.insert(0, "lr")
+            if names:
+                values = _values_getter(names)
+                frozen.append((group, tuple(names), values, values(group)))
     return swapped
 
 
@@ -74,10 +79,19 @@ def moved_settings(group_counts: list, frozen: list) -> str | None:
     for optimizer, groups in group_counts:  # plain loops: this runs before every replay
         if len(optimizer.param_groups) != groups:
             return "other"
-    for group, name, value in frozen:
-        if group[name] is not value and group[name] != value:
-            return "lr" if all(k == "lr" or g[k] is v or g[k] == v for g, k, v in frozen) else "other"
+    for group, _, values, at_capture in frozen:
+        if values(group) != at_capture:  # tuples compare item by item: `is`, then `==`
+            moved = {name for g, names, _, held in frozen for name, value in zip(names, held) if g[name] is not value and g[name] != value}
+            return "lr" if moved == {"lr"} else "other"
     return None
+
+
+def _values_getter(names: list):
+    """The values of the settings `names` of a param group, as one tuple, read in one call."""
+    if len(names) > 1:
+        return operator.itemgetter(*names)
+    name = names[0]
+    return lambda group: (group[name],)
 
 
 def _setting(value) -> bool:
