@@ -106,7 +106,7 @@ def _draws(plan: Plan, step_name: str) -> list[cst.BaseStatement]:
 class Rewriter(cst.CSTTransformer):
     def __init__(self, emissions: list[Emission], helper_names: dict[str, str], header: list[cst.BaseStatement]) -> None:
         """helper_names: runtime class name -> its name in this file; header: the statements that bring
-        the runtime in (an import, or the pasted runtime), placed after the file's imports."""
+        the runtime in (the pasted runtime; an import is added after, bundle.with_runtime_imports), placed after the file's imports."""
         self.helper_name = helper_names.get(CAPTURED_STEP, CAPTURED_STEP)
         self.reads_class = helper_names.get(DEFERRED_READS, DEFERRED_READS)
         self.header = header
