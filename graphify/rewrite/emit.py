@@ -105,8 +105,8 @@ def _draws(plan: Plan, step_name: str) -> list[cst.BaseStatement]:
 
 class Rewriter(cst.CSTTransformer):
     def __init__(self, emissions: list[Emission], helper_names: dict[str, str], header: list[cst.BaseStatement]) -> None:
-        """helper_names: runtime class name -> its name in this file; header: the statements that bring
-        the runtime in (the pasted runtime; an import is added after, bundle.with_runtime_imports), placed after the file's imports."""
+        """helper_names: runtime class name -> its name in this file; header: the pasted runtime (--runtime
+        inline), placed after the file's imports (an import of it is added after: bundle.with_runtime_imports)."""
         self.helper_name = helper_names.get(CAPTURED_STEP, CAPTURED_STEP)
         self.reads_class = helper_names.get(DEFERRED_READS, DEFERRED_READS)
         self.header = header
@@ -208,13 +208,7 @@ class Rewriter(cst.CSTTransformer):
         """`def train_step(inputs): <captured statements>; return outputs` and its wrapping, placed before
         the loop (or the enclosing loop the step is defined outside of)."""
         plan, stmts = emission.plan, step_body.statements
-        graph_body = regroup(
-            step_body,
-            [
-                (i, hoisted_halves(plan.statements[i], plan.hoisted[i])[0] if i in plan.hoisted else self._captured(plan, i, stmts[i]))
-                for i in plan.graph
-            ],
-        )
+        graph_body = regroup(step_body, [(i, self._captured(plan, i, stmts[i])) for i in plan.graph])
         graph_body[0] = graph_body[0].with_changes(leading_lines=[line for line in graph_body[0].leading_lines if line.comment])
         if plan.outputs:
             graph_body.append(cst.parse_statement(f"return {', '.join(plan.outputs)}"))
@@ -233,6 +227,10 @@ class Rewriter(cst.CSTTransformer):
 
     @staticmethod
     def _captured(plan: Plan, index: int, stmt: cst.BaseStatement) -> cst.BaseStatement:
+        """What the step function runs of a statement: a split statement's captured half (built from the
+        source's statement, which the plan's description names), a keyed `if` without its host statements."""
+        if index in plan.hoisted:
+            return hoisted_halves(plan.statements[index], plan.hoisted[index])[0]
         return split_if(stmt, plan.split_ifs[index])[0] if index in plan.split_ifs else stmt
 
     # ---- where step functions and the helper go ----------------------------------------------------
