@@ -5,7 +5,8 @@ optimizer built in another. IPython syntax that is not Python becomes `pass` on 
 (line magics `%x`, shell escapes `!x`, help `x?`; `y = !x` becomes `y = None`), and a cell magic
 other than a timing one (`%%bash`, `%%writefile`...) blanks its cell, so every line keeps its number.
 A `from __future__` import becomes `pass` too: Jupyter compiles each cell on its own, and in the
-joined module it would not come first.
+joined module it would not come first; but for those opening the first code cell, which open the joined
+module as well (an import the rewrite adds goes after them).
 Cells are numbered from 1 among code cells, as ruff numbers them: `train.ipynb:cell 3:12:5`.
 
 `Notebook.with_source(new)` maps a rewrite of the joined module back onto the cells: only cells whose
@@ -175,7 +176,7 @@ def _as_python(lines: list[str], number: int) -> list[str]:
     if lines and lines[0].startswith("%%") and magic not in _TIMING_CELL_MAGICS:
         return ["\n"] * len(lines)
     head = ["\n"] if lines and lines[0].startswith("%%") else []  # a timing cell magic: its body is Python
-    body = _without_future_imports(lines[len(head) :])
+    body = _without_future_imports(lines[len(head) :], opening=number == 1 and not head)
     if _syntax_error(head + body) is None:
         return head + body
     converted = head + [_python_line(line) for line in body]
@@ -185,15 +186,19 @@ def _as_python(lines: list[str], number: int) -> list[str]:
     return converted
 
 
-def _without_future_imports(lines: list[str]) -> list[str]:
+def _without_future_imports(lines: list[str], opening: bool = False) -> list[str]:
     """`from __future__` imports made `pass`, each line kept: Jupyter compiles each cell on its own, where
     they come first, but in the joined module they would follow other cells' code (a SyntaxError). What
-    they change (annotations evaluated later) is nothing the analysis or the rewrite reads."""
+    they change (annotations evaluated later) is nothing the analysis or the rewrite reads. Those `opening`
+    the first code cell stay: they open the joined module too, and an import a rewrite adds goes after them."""
     out, depth, continued = [], 0, False  # an import still open: unclosed parentheses, a trailing backslash
+    leading = opening  # among the lines that open the module yet: blank lines, comments, future imports
     for line in lines:
         inside = depth > 0 or continued
-        if inside or _FUTURE_IMPORT.match(line):
-            out.append("\n" if inside else "pass\n")
+        future = inside or _FUTURE_IMPORT.match(line) is not None
+        leading = leading and (future or not line.strip() or line.lstrip().startswith("#"))
+        if future:
+            out.append(line if leading else "\n" if inside else "pass\n")
             depth += line.count("(") - line.count(")")
             continued = line.rstrip().endswith("\\")
         else:

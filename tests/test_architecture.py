@@ -103,3 +103,46 @@ def test_functions_stay_short():
     assert too_long == {}, "split these functions (or, if one shrank, lower its LONG_FUNCTIONS entry)"
     stale = {f: n for f, n in LONG_FUNCTIONS.items() if lengths.get(f, 0) < n}
     assert stale == {}, f"these shrank: lower or drop their entries to { ({f: lengths.get(f, 0) for f in stale}) }"
+
+
+# plan/ decides and rewrite/ builds: the plan records what is split and moved (indexes, sets of the source's
+# nodes, names, code text) and makes no libcst node. The one exception is the body it reads (plan/base.py:
+# a mode block opened around each of its statements, `if ok: ... else: break` read as `if not (ok): break`),
+# which every check walks as statements; it may only shrink.
+PLAN_BUILDS = {"graphify.plan.base::_opened", "graphify.plan.base::_parenthesized"}
+_BUILDING_METHODS = {"with_changes", "with_deep_changes", "deep_replace", "deep_clone", "deep_remove", "visit"}
+
+
+def _nodes_built(source: str, module: str) -> set[str]:
+    """`module::function` for each function of `source` that builds libcst nodes: calls `cst.<Node>(...)` or
+    `cst.parse_*(...)`, or a method that makes a changed copy (`.with_changes(...)`, `.visit(...)`)."""
+    found = set()
+
+    def visit(node, where):
+        for child in ast.iter_child_nodes(node):
+            inner = f"{module}::{child.name}" if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else where
+            func = child.func if isinstance(child, ast.Call) else None
+            if isinstance(func, ast.Attribute):
+                from_libcst = isinstance(func.value, ast.Name) and func.value.id in ("cst", "libcst")
+                if func.attr in _BUILDING_METHODS or (from_libcst and (func.attr[:1].isupper() or func.attr.startswith("parse_"))):
+                    found.add(where)
+            visit(child, inner)
+
+    visit(ast.parse(source), f"{module}::<module>")
+    return found
+
+
+def test_the_building_check_sees_what_builds():
+    source = (
+        "import libcst as cst\nEMPTY = cst.Module([])\ndef a(n):\n    return n.with_changes(value='x')\ndef b(n):\n    return n.value\n"
+    )
+    assert _nodes_built(source, "m") == {"m::<module>", "m::a"}
+
+
+def test_plan_builds_no_libcst_node():
+    built = set()
+    for name, path in _modules().items():
+        if name.startswith("graphify.plan"):
+            built |= _nodes_built(path.read_text(), name)
+    assert built - PLAN_BUILDS == set(), "plan/ describes; rewrite/ builds the nodes (rewrite/splits.py, emit.py)"
+    assert PLAN_BUILDS - built == set(), "no longer built in plan/: drop these from PLAN_BUILDS"

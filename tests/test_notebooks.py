@@ -265,3 +265,16 @@ def test_a_future_import_in_a_later_cell_is_rewritten_and_kept(tmp_path, future)
     written = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
     assert written[2]["source"][: len(future)] == future
     assert "train_step = CapturedStep(" in "".join(written[4]["source"])
+
+
+def test_the_runtime_import_follows_a_future_import_opening_the_first_cell(tmp_path):
+    """A `from __future__` import opening the first code cell opens the joined module too: the import of the
+    runtime goes after it, where Jupyter still compiles the cell."""
+    data = json.loads(NOTEBOOK.read_text())
+    cell = next(c for c in data["cells"] if c["cell_type"] == "code")
+    cell["source"] = ["from __future__ import annotations\n", *cell["source"]]
+    path = tmp_path / "train.ipynb"
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    assert run("rewrite", "--in-place", str(path)).exit_code == 1
+    first = "".join(next(c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")["source"])
+    assert first.startswith("from __future__ import annotations\nfrom graphify.runtime import CapturedStep\n"), first

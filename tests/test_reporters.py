@@ -195,7 +195,7 @@ def test_sarif_structure():
     rules = run["tool"]["driver"]["rules"]
     assert [r["id"] for r in rules] == ["GFY001", "GFY008", "GFY251", "GFY402"]
     assert rules[0]["fullDescription"]["text"].startswith("# GFY001")
-    assert rules[0]["helpUri"] == rule_url("GFY001") and rules[0]["helpUri"].endswith("/graphify/rules/docs/GFY001.md")
+    assert rules[0]["helpUri"] == rule_url("GFY001") and rules[0]["helpUri"].endswith("/graphify/rules/host_sync/gfy001_tensor_item.py")
     assert rules[3]["defaultConfiguration"] == {"level": "warning"}
     for result in run["results"]:
         assert rules[result["ruleIndex"]]["id"] == result["ruleId"]
@@ -217,3 +217,13 @@ def test_github_escaping_and_severity():
     assert any(line.endswith("::`loss.item()` in a 100%25 string, with: commas") for line in out)
     assert out[-1] == "::error title=graphify,file=blob.py::binary file (contains NUL bytes), not Python source"
     assert all(re.match(r"::(error|warning|notice) ", line) for line in out)
+
+
+def test_every_rule_url_names_a_file_of_the_repository():
+    from graphify.reporters.common import REPOSITORY_URL, rule_path
+    from graphify.rules import all_rules
+
+    root = Path(__file__).resolve().parents[1]
+    for r in all_rules():
+        assert rule_url(r.code) == f"{REPOSITORY_URL}/blob/main/{rule_path(r.code)}"
+        assert (root / rule_path(r.code)).is_file(), r.code

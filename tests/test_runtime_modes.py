@@ -174,3 +174,39 @@ def test_inline_and_vendored_rewrites_capture_on_the_gpu(tmp_path):
         assert "GraphifyFallbackWarning" not in done.stderr, done.stderr[-2000:]
         outputs[mode] = done.stdout
     assert outputs["inline"] == outputs["import"] == outputs["vendor"]
+
+
+LOOP = """
+model = nn.Linear(4, 2).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(4)]:
+    x, y = x.cuda(), y.cuda()
+    opt.zero_grad()
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize(
+    "head, expected",
+    [
+        (  # after the docstring, the __future__ import and the leading imports, a blank line before the code
+            '"""Train."""\nfrom __future__ import annotations\n\nimport torch\nfrom torch import nn\nsys_path = []\n',
+            '"""Train."""\nfrom __future__ import annotations\n\nimport torch\nfrom torch import nn\nfrom graphify.runtime import CapturedStep\n\nsys_path = []\n',
+        ),
+        (  # added to an import of the same module, not a second one
+            "from graphify.runtime import GraphedModule\nimport torch\nfrom torch import nn\n",
+            "from graphify.runtime import CapturedStep, GraphedModule\nimport torch\nfrom torch import nn\n",
+        ),
+        (  # under another name where the file binds `CapturedStep` itself
+            "import torch\nfrom torch import nn\n\nclass CapturedStep:\n    pass\n",
+            "import torch\nfrom torch import nn\nfrom graphify.runtime import CapturedStep as CapturedStep_2\n\nclass CapturedStep:\n    pass\n",
+        ),
+    ],
+    ids=["after-leading-imports", "merged", "aliased"],
+)
+def test_the_runtime_import_joins_the_leading_imports(head, expected):
+    code = rewrite(head + LOOP, "import").code
+    assert code.startswith(expected), code
+    assert code.count("from graphify.runtime import") == 1

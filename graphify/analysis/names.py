@@ -7,6 +7,14 @@ import libcst as cst
 from graphify.analysis.vocabulary import MODULE_RETURNS_SELF
 
 
+_EMPTY_MODULE = cst.Module([])
+
+
+def code_text(node: cst.CSTNode) -> str:
+    """A node's code as the source writes it."""
+    return _EMPTY_MODULE.code_for_node(node)
+
+
 def dotted(expr: cst.BaseExpression) -> str | None:
     """`a.b.c` for a Name/Attribute chain, else None."""
     parts: list[str] = []

@@ -32,37 +32,48 @@ def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
 
 def names_written(node: cst.CSTNode) -> set[str]:
     out: set[str] = set()
-
-    def targets(t: cst.BaseExpression) -> None:
-        if isinstance(t, cst.Name):
-            out.add(t.value)
-        elif isinstance(t, (cst.Tuple, cst.List)):
-            for el in t.elements:
-                targets(el.value)
-        elif isinstance(t, cst.StarredElement):
-            targets(t.value)
-
     for n in walk(node):
         kind = type(n)
         if kind is cst.Assign:
             for t in n.targets:
-                targets(t.target)
+                _add_targets(t.target, out)
         elif kind in _TARGET_HOLDERS:
-            targets(n.target)
+            _add_targets(n.target, out)
         elif kind is cst.AsName:
-            targets(n.name)
+            _add_targets(n.name, out)
         elif kind in (cst.MatchAs, cst.MatchStar) and n.name is not None:  # `case {"x": x}` and `case [x, *rest]` bind
-            targets(n.name)
+            _add_targets(n.name, out)
         elif kind is cst.MatchMapping and n.rest is not None:
-            targets(n.rest)
+            _add_targets(n.rest, out)
     return out
 
 
-def names_read(node: cst.CSTNode) -> set[str]:  # noqa: C901 (one case per kind of node, in one place)
+def names_bound_by(target: cst.BaseExpression) -> set[str]:
+    """The names an assignment to `target` binds (`a`, `b` of `for a, (b, c.d) in ...`)."""
+    out = names_written(target)
+    _add_targets(target, out)
+    return out
+
+
+def _add_targets(t: cst.BaseExpression, out: set[str]) -> None:
+    if isinstance(t, cst.Name):
+        out.add(t.value)
+    elif isinstance(t, (cst.Tuple, cst.List)):
+        for el in t.elements:
+            _add_targets(el.value, out)
+    elif isinstance(t, cst.StarredElement):
+        _add_targets(t.value, out)
+
+
+def names_read(node: cst.CSTNode, replaced: dict[int, tuple[str, ...]] | None = None) -> set[str]:  # noqa: C901 (one case per kind of node, in one place)
+    """`replaced`: expressions (by id) read as the names given instead (as the captured step reads a drawn
+    expression, or the host half of a statement the planner splits reads what the graph computed)."""
     out: set[str] = set()
 
     def visit(n: cst.CSTNode) -> None:
-        if isinstance(n, cst.Name):
+        if replaced and id(n) in replaced:
+            out.update(replaced[id(n)])
+        elif isinstance(n, cst.Name):
             out.add(n.value)
         elif isinstance(n, cst.Attribute):
             visit(n.value)
@@ -87,7 +98,7 @@ def names_read(node: cst.CSTNode) -> set[str]:  # noqa: C901 (one case per kind 
             while f is not None:
                 bound.update(target_names(f.target))
                 f = f.inner_for_in
-            out.update(set().union(*(names_read(c) for c in children(n))) - bound, names_read(n.for_in.iter))
+            out.update(set().union(*(names_read(c, replaced) for c in children(n))) - bound, names_read(n.for_in.iter, replaced))
         elif isinstance(n, cst.AsName):
             return
         elif isinstance(n, _NESTED):
@@ -110,6 +121,22 @@ def names_read(node: cst.CSTNode) -> set[str]:  # noqa: C901 (one case per kind 
             visit_target(t.value)
 
     visit(node)
+    return out
+
+
+def names_in_order(node: cst.CSTNode, replaced: dict[int, tuple[str, ...]] | None = None) -> list[str]:
+    """The names `node` writes or reads, in the order its code does (repeats kept); `replaced` as for names_read."""
+    out: list[str] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if replaced and id(n) in replaced:
+            out.extend(replaced[id(n)])
+            continue
+        if isinstance(n, cst.Name):
+            out.append(n.value)
+        if type(n) not in _NESTED_TYPES or n is node:
+            stack.extend(reversed(children(n)))
     return out
 
 

@@ -259,6 +259,14 @@ class Env:
     def is_host(self, expr: cst.BaseExpression) -> bool:
         return self._tensor(expr, 0) is False
 
+    def name_tensor(self, name: str) -> bool | None:
+        """What a name holds: True a tensor, False a host value, None unknown."""
+        if name in self.tensors:
+            return True
+        if name in self.hosts or name in {"True", "False", "None"}:
+            return False
+        return None
+
     def _tensor(self, expr: cst.BaseExpression, depth: int) -> bool | None:  # noqa: C901 (one case per kind of expression)
         """True: holds a tensor; False: a host value; None: unknown."""
         if depth > 12:
@@ -270,11 +278,7 @@ class Env:
         if type(expr) is cst.DictComp:
             return comprehension_tensor(self, expr, expr.value, depth)
         if isinstance(expr, cst.Name):
-            if expr.value in self.tensors:
-                return True
-            if expr.value in self.hosts or expr.value in {"True", "False", "None"}:
-                return False
-            return None
+            return self.name_tensor(expr.value)
         if isinstance(expr, cst.Attribute):
             if is_tensor_metadata_attribute(expr.attr.value):
                 return False

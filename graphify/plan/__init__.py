@@ -1,4 +1,5 @@
-"""Plans for rewriting loops: pure functions of the analysis (no libcst output), below the engine.
+"""Plans for rewriting loops: pure functions of the analysis, below the engine. A plan describes what the
+rewrite does (indexes, the source's nodes, names, code); rewrite/ builds every node of the output.
 
 `make_plan` returns the whole-step Plan of a loop or raises Refusal (with a rule code);
 `make_partial_plan` the plan to graph only the model's forward and backward.

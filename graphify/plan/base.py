@@ -9,9 +9,10 @@ import libcst as cst
 from graphify.analysis.checker import kwarg
 from graphify.analysis.calls import method_call
 from graphify.analysis.region import Loop
-from graphify.analysis.names import dotted
+from graphify.analysis.names import code_text, dotted
 from graphify.analysis.statements import (
     exit_else,
+    names_read,
     names_written,
     walk,
 )
@@ -27,7 +28,48 @@ FIXED_IN_PLACE = FixKind.IN_PLACE
 SHAPE_METHODS = {"size", "dim", "numel"}
 
 
-EMPTY = cst.Module([])
+@dataclass
+class Hoist:
+    """A statement of the step split in two (`total += model(x).sum().item()`): its device expressions
+    computed in the graph into fresh names (`total_tensor = model(x).sum()`), and the statement run after
+    the replay reading those names instead (`total += total_tensor.item()`), each half inside the mode
+    blocks the statement stood in. The rewrite builds both halves (rewrite/splits.py)."""
+
+    expressions: list[cst.BaseExpression]  # the source's, in the order the captured half assigns them
+    names: list[str]
+
+    @property
+    def replaced(self) -> dict[int, str]:
+        """id of each expression -> the name the host half reads in its place."""
+        return {id(e): name for e, name in zip(self.expressions, self.names)}
+
+    def captured_roots(self, stmt: cst.BaseStatement) -> list[cst.CSTNode]:
+        """What the captured half of `stmt` runs, in order: the items of the mode blocks around it, its expressions."""
+        return [*mode_items(stmt), *self.expressions]
+
+    def captured_reads(self, stmt: cst.BaseStatement) -> set[str]:
+        return set().union(*(names_read(item.item) for item in mode_items(stmt)), *(names_read(e) for e in self.expressions))
+
+    def captured_names_in_order(self, stmt: cst.BaseStatement) -> list[str]:
+        """The names the captured half holds, in the order its code writes them (the fresh names after the items)."""
+        items = [n.value for item in mode_items(stmt) for n in walk(item) if isinstance(n, cst.Name)]
+        return items + self.names + [n.value for e in self.expressions for n in walk(e) if isinstance(n, cst.Name)]
+
+
+def mode_items(stmt: cst.BaseStatement) -> list[cst.WithItem]:
+    """The items of the mode blocks, one inside the other, that hold `stmt`'s one statement (none if it is no mode block)."""
+    items = []
+    while is_mode_block(stmt) and len(stmt.body.body) == 1:
+        items += stmt.items
+        stmt = stmt.body.body[0]
+    return items
+
+
+def inside_mode_blocks(stmt: cst.BaseStatement) -> cst.BaseStatement:
+    """The statement the single-statement mode blocks around it hold (`stmt` itself if none)."""
+    while is_mode_block(stmt) and len(stmt.body.body) == 1:
+        stmt = stmt.body.body[0]
+    return stmt
 
 
 @dataclass
@@ -40,23 +82,23 @@ class Plan:
     before: list[int] = field(default_factory=list)  # step statements moved before the call
     after: list[int] = field(default_factory=list)  # step statements moved after the call
     # keyed if -> per branch (the `if`'s, each `elif`'s, the `else`'s), the indexes of its statements (as
-    # step_statements opens them) that run after the replay, under the same tests (split_branches)
+    # step_statements opens them) that run after the replay, under the same tests (rewrite/splits.split_if)
     split_ifs: dict[int, list[set[int]]] = field(default_factory=dict)
     tail: list[int] = field(default_factory=list)  # eager statements after the call (GradScaler)
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     clones: list[str] = field(default_factory=list)
-    optimizers: list[cst.BaseExpression] = field(default_factory=list)
+    optimizers: list[str] = field(default_factory=list)  # the optimizers the step steps, as code in the loop's scope
     keys: list[int] = field(default_factory=list)  # body indexes of keyed ifs
-    device: cst.BaseExpression | None = None  # where host inputs go, for `.to(device)` inside the step
+    device: str | None = None  # where host inputs go (code in the loop's scope), for `.to(device)` inside the step
     zero_grads: list[cst.Call] = field(default_factory=list)
     # `torch.zeros(...).to(device)` in the step -> the `device=` its factory takes instead (by id of the copy)
     device_factories: dict[int, str] = field(default_factory=dict)
     # DistributedDataParallel(...) calls of this file that build the step's model: built on the capture stream
     ddp_builds: set[int] = field(default_factory=set)
     # `correct += (model(x).argmax(1) == y).sum().item()`: the tensor is computed in the graph,
-    # the host read runs after the replay. index -> (captured statement, host statement)
-    hoisted: dict[int, tuple[cst.BaseStatement, cst.BaseStatement]] = field(default_factory=dict)
+    # the host read runs after the replay. index -> what is split off (Hoist)
+    hoisted: dict[int, Hoist] = field(default_factory=dict)
     hoisted_reads: set[int] = field(default_factory=set)  # ids of the host-read calls moved out
     pulled_in: list[int] = field(default_factory=list)  # statements before `first` moved into the step
     # `torch.randn(b, n).to(device)` in a captured statement -> (input name, the expression), evaluated
@@ -132,21 +174,6 @@ class StepBody:
     origins: list[int]  # index in the loop body of the statement each one comes from
     blocks: list[cst.With | None]  # the mode block each one was opened from, in the tree it was read from
 
-    def regroup(self, entries: list[tuple[int, cst.BaseStatement]]) -> list[cst.BaseStatement]:
-        """Statements (index, statement) in output order, with neighbours opened from one mode block
-        joined back into that block: what the planner leaves together reads as the source did."""
-        out: list[cst.BaseStatement] = []
-        last = None
-        for index, stmt in entries:
-            block = self.blocks[index]
-            if block is not None and block is last and isinstance(stmt, cst.With):
-                merged = [*out[-1].body.body, *stmt.body.body]
-                out[-1] = out[-1].with_changes(body=out[-1].body.with_changes(body=merged))
-                continue
-            out.append(stmt)
-            last = block if isinstance(stmt, cst.With) else None
-        return out
-
 
 def step_statements(statements, guards: bool = True) -> StepBody:
     body = StepBody([], [], [])
@@ -181,17 +208,28 @@ def branch_statements(stmt: cst.If) -> list[StepBody]:
     return [step_statements(branch, guards=False) for branch in if_chain(stmt).branches]
 
 
-def split_branches(stmt: cst.If, moved: list[set[int]]) -> tuple[cst.If, cst.If | None]:
-    """A keyed `if` split in two: the chain with the statements the step keeps in each branch, and the
-    chain with those that run after the replay (branches left empty at its end dropped; None if none)."""
-    kept, after = [], []
-    for b, branch in enumerate(branch_statements(stmt)):
-        indexes = moved[b] if b < len(moved) else set()
-        kept.append(branch.regroup([(k, s) for k, s in enumerate(branch.statements) if k not in indexes]))
-        after.append(branch.regroup([(k, s) for k, s in enumerate(branch.statements) if k in indexes]))
-    kept_used = max((b for b, branch in enumerate(kept) if branch), default=0)
-    used = max((b for b, branch in enumerate(after) if branch), default=None)
-    return _with_branches(stmt, kept[: kept_used + 1]), None if used is None else _with_branches(stmt, after[: used + 1])
+def kept_roots(stmt: cst.If, moved: list[set[int]]) -> list[cst.CSTNode]:
+    """What the captured half of a split keyed `if` runs, in its order (the rewrite builds that half:
+    rewrite/splits.split_if): the tests of the branches it keeps (up to the last that keeps a statement)
+    and the statements each keeps, those of a mode block after its items (once for neighbours)."""
+    tests, branches = if_chain(stmt).tests, branch_statements(stmt)
+    kept = [[k for k in range(len(b.statements)) if k not in (moved[i] if i < len(moved) else set())] for i, b in enumerate(branches)]
+    last = max((i for i, k in enumerate(kept) if k), default=0)
+    roots: list[cst.CSTNode] = []
+    for i in range(last + 1):
+        roots += tests[i : i + 1]
+        block = None
+        for k in kept[i]:
+            opened = branches[i].statements[k]
+            if branches[i].blocks[k] is None:
+                roots.append(opened)
+                block = None
+                continue
+            if branches[i].blocks[k] is not block:
+                roots += opened.items
+            roots += opened.body.body
+            block = branches[i].blocks[k]
+    return roots
 
 
 def moved_statements(stmt: cst.If, moved: list[set[int]]) -> list[cst.BaseStatement]:
@@ -202,18 +240,6 @@ def moved_statements(stmt: cst.If, moved: list[set[int]]) -> list[cst.BaseStatem
             opened = branch.statements[k]
             found.extend(opened.body.body if branch.blocks[k] is not None else [opened])
     return found
-
-
-def _with_branches(node: cst.If, branches: list[list[cst.BaseStatement]]) -> cst.If:
-    """`node`'s chain with each branch's statements replaced, in order; branches past the list dropped."""
-    body = node.body.with_changes(body=branches[0] or [cst.SimpleStatementLine([cst.Pass()])])
-    rest = branches[1:]
-    if not rest or node.orelse is None:
-        return node.with_changes(body=body, orelse=None)
-    if isinstance(node.orelse, cst.If):
-        return node.with_changes(body=body, orelse=_with_branches(node.orelse, rest))
-    block = node.orelse.body.with_changes(body=rest[0] or [cst.SimpleStatementLine([cst.Pass()])])
-    return node.with_changes(body=body, orelse=node.orelse.with_changes(body=block))
 
 
 def source_of(node: cst.CSTNode | None) -> cst.CSTNode | None:
@@ -296,10 +322,6 @@ def is_shape_read(call: cst.Call) -> bool:
     )
 
 
-def same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
-    return a.deep_equals(b)
-
-
 def line(plan: Plan, node: cst.CSTNode) -> int:
     try:
         return plan.loop.module.position(node).start.line
@@ -316,14 +338,14 @@ def body_nodes_of(plan: Plan, node: cst.CSTNode) -> list[cst.CSTNode]:
     return region.body_calls_of(site) or [node]
 
 
-def device_in_loop_scope(plan: Plan, call: cst.Call) -> cst.BaseExpression | None:
-    """The device a `.to(device)` inside the step names, as an expression valid in the loop's scope."""
+def device_in_loop_scope(plan: Plan, call: cst.Call) -> str | None:
+    """The device a `.to(device)` inside the step names, as code valid in the loop's scope."""
     region = plan.loop.region
     site = next((st for n, st in region.nodes if n is call), None)
     if site is None or not isinstance(call.func, cst.Attribute):
         return None
     if call.func.attr.value == "cuda":
-        return cst.SimpleString('"cuda"')
+        return '"cuda"'
     expr = kwarg(call, "device") or (call.args[0].value if call.args and call.args[0].keyword is None else None)
     return in_loop_scope(plan, expr, site.block)
 
@@ -341,38 +363,32 @@ def _same_global(plan: Plan, name: str, helper: Env) -> bool:
     )
 
 
-def in_loop_scope(plan: Plan, expr: cst.BaseExpression | None, block) -> cst.BaseExpression | None:
-    """`expr`, written in a function the step calls, as an expression valid in the loop's scope:
-    parameters are traced back to their call-site arguments, `self.x` to `obj.x` for `obj.method()`."""
+def in_loop_scope(plan: Plan, expr: cst.BaseExpression | None, block) -> str | None:
+    """`expr`, written in a function the step calls, as code valid in the loop's scope: parameters are
+    traced back to their call-site arguments, `self.x` to `obj.x` for `obj.method()` (code, no longer a
+    node of the source: `expr` None, `name` its dotted name if it has one)."""
     region = plan.loop.region
-    while expr is not None and block is not region.body_block:
-        name = dotted(expr)
+    code, name = (None, None) if expr is None else (code_text(expr), dotted(expr))
+    while code is not None and block is not region.body_block:
         if isinstance(expr, cst.SimpleString):
-            return expr
+            return code
         if name is None or block.call is None:
             return None
         if name in block.env.bound:
             expr = block.env.bound[name][1]
+            code, name = code_text(expr), dotted(expr)
         elif name.startswith("self.") and isinstance(block.call.func, cst.Attribute):
             owner = block.call.func.value
             if not (isinstance(owner, cst.Name) and owner.value == "self"):
-                expr = cst.parse_expression(f"{EMPTY.code_for_node(owner)}.{name[5:]}")
+                owner_name = dotted(owner)
+                expr, code = None, f"{code_text(owner)}.{name[5:]}"
+                name = None if owner_name is None else f"{owner_name}.{name[5:]}"
         elif _same_global(plan, name, block.env):
-            return expr
+            return code
         else:
             return None
         block = block.parent
-    return expr
-
-
-class ReplaceNodes(cst.CSTTransformer):
-    """Replaces nodes, by id, with new ones."""
-
-    def __init__(self, replacements: dict[int, cst.BaseExpression]) -> None:
-        self.replacements = replacements
-
-    def on_leave(self, original, updated):
-        return self.replacements.get(id(original), updated)
+    return code
 
 
 def fresh_name(base: str, taken: set[str]) -> str:

@@ -17,7 +17,7 @@ from graphify.analysis.checker import code_of
 from graphify.analysis.logging_calls import is_logging_call
 from graphify.analysis.containers import makes_container
 from graphify.analysis.region import Site
-from graphify.analysis.names import dotted
+from graphify.analysis.names import code_text, dotted
 from graphify.analysis.randomness import DEVICE_RANDOM, RANDOM_FACTORIES
 from graphify.analysis.statements import is_host_read_call, names_read, names_written, walk
 from graphify.analysis.tree import children
@@ -84,10 +84,10 @@ def captured_nodes(plan, body):
     graph_ids = {id(n) for i in plan.graph for n in walk(body[i])}
     here = Site(region.body_block, ())
     for i in plan.graph:
-        stmt = plan.hoisted[i][0] if i in plan.hoisted else body[i]
+        roots = plan.hoisted[i].captured_roots(body[i]) if i in plan.hoisted else [body[i]]
         kept_out = {id(s) for s in moved_statements(body[i], plan.split_ifs[i])} if i in plan.split_ifs else set()
         kept_out |= set(plan.draws)
-        for n in _walk_except(stmt, kept_out):
+        for n in (n for root in roots for n in _walk_except(root, kept_out)):
             yield n, here
     for node, site in region.nodes:
         if site.block is not region.body_block and any(id(call) in graph_ids for call in region.body_calls_of(site)):
@@ -335,7 +335,7 @@ def _moved_effect(n, site, later: set[str], followed: set[int]) -> str | None:
         return None  # host bookkeeping on an object the rest of the step never reads (a meter's sums)
     if not isinstance(n, cst.Call) or id(n) in followed or is_host_read_call(n, env) or is_logging_call(n, env):
         return None
-    code = cst.Module([]).code_for_node(n.func)
+    code = code_text(n.func)
     if isinstance(n.func, cst.Name) and n.func.value in _MOVABLE_BUILTINS:
         return None
     qual = env.qualify(n.func) or ""
@@ -384,6 +384,8 @@ _HOST_FUNCTIONS = {"min", "max", "float", "int", "abs", "round", "len", "bool", 
 def is_host_expression(expr: cst.BaseExpression, env, seen: frozenset = frozenset()) -> bool:
     """Whether an expression is known to hold a Python number or flag (never a tensor): literals,
     host names, counters (`step += 1`), and arithmetic or `min`/`max`/`math.*` over those."""
+    if isinstance(expr, cst.Name):
+        return is_host_name(expr.value, env, seen)
     if len(seen) > 8:
         return False
     verdict = env._tensor(expr, 0)
@@ -391,18 +393,6 @@ def is_host_expression(expr: cst.BaseExpression, env, seen: frozenset = frozense
         return verdict is False
     if isinstance(expr, (cst.Integer, cst.Float)):
         return True
-    if isinstance(expr, cst.Name):
-        if expr.value in seen:
-            return True  # `step = step + 1`: a counter is as host as what it starts from
-        inner = seen | {expr.value}
-        values = env.values_of(expr.value)
-        sources = [is_host_expression(v, env, inner) for v in values]
-        if expr.value in env.bound:
-            caller_env, arg = env.bound[expr.value]
-            sources.append(is_host_expression(arg, caller_env, inner))
-        elif not values and _default(env, expr.value) is not None:
-            sources.append(is_host_expression(_default(env, expr.value), env, inner))
-        return bool(sources) and all(sources)
     if isinstance(expr, cst.BinaryOperation):
         return is_host_expression(expr.left, env, seen) and is_host_expression(expr.right, env, seen)
     if isinstance(expr, cst.UnaryOperation):
@@ -412,6 +402,26 @@ def is_host_expression(expr: cst.BaseExpression, env, seen: frozenset = frozense
         if qual in _HOST_FUNCTIONS or qual.startswith("math."):
             return all(is_host_expression(a.value, env, seen) for a in expr.args)
     return False
+
+
+def is_host_name(name: str, env, seen: frozenset = frozenset()) -> bool:
+    """Whether a name is known to hold a Python number or flag, as is_host_expression says of it."""
+    if len(seen) > 8:
+        return False
+    verdict = env.name_tensor(name)
+    if verdict is not None:
+        return verdict is False
+    if name in seen:
+        return True  # `step = step + 1`: a counter is as host as what it starts from
+    inner = seen | {name}
+    values = env.values_of(name)
+    sources = [is_host_expression(v, env, inner) for v in values]
+    if name in env.bound:
+        caller_env, arg = env.bound[name]
+        sources.append(is_host_expression(arg, caller_env, inner))
+    elif not values and _default(env, name) is not None:
+        sources.append(is_host_expression(_default(env, name), env, inner))
+    return bool(sources) and all(sources)
 
 
 def _default(env, name: str) -> cst.BaseExpression | None:

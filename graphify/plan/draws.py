@@ -24,7 +24,7 @@ from graphify.analysis.statements import contains, names_read, names_written, wa
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
 from graphify.model import FixKind
-from graphify.plan.base import Plan, ReplaceNodes, fresh_name
+from graphify.plan.base import Plan, fresh_name
 
 # torch calls that build a new host tensor (or copy one) and change nothing else but the host generator
 _BUILDERS = _RANDOM | {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "eye", "arange", "linspace", "Variable"}
@@ -231,20 +231,10 @@ def _input_base(stmt: cst.SimpleStatementLine, expr: cst.BaseExpression, repeate
     return "host"
 
 
-def replace_draws(plan: Plan, stmt: cst.BaseStatement) -> cst.BaseStatement:
-    """The statement as the step runs it: each drawn expression replaced by its input's name."""
-    if not plan.draws:
-        return stmt
-    return stmt.visit(ReplaceNodes({key: drawn_value(plan, key) for key in plan.draws}))
-
-
-def drawn_value(plan: Plan, key: int) -> cst.BaseExpression:
-    """What the step reads in place of a drawn expression: its input, or the pass's item of it."""
-    name = cst.Name(plan.draws[key][0])
-    if key not in plan.draw_repeats:
-        return name
-    index = plan.draw_repeats[key][1]
-    return cst.Subscript(name, [cst.SubscriptElement(cst.Index(cst.Name(index)))])
+def drawn_names(plan: Plan) -> dict[int, tuple[str, ...]]:
+    """What the step reads in place of each drawn expression (by id): its input, or the pass's item of it
+    (`batch_each[k]`: the input and the micro-step loop's index)."""
+    return {key: (name,) if key not in plan.draw_repeats else (name, plan.draw_repeats[key][1]) for key, (name, _) in plan.draws.items()}
 
 
 def drawn_nodes(plan: Plan) -> set[int]:

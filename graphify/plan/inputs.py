@@ -7,6 +7,8 @@ import libcst as cst
 
 from graphify.analysis.calls import method_call
 from graphify.analysis.statements import (
+    names_bound_by,
+    names_in_order,
     names_read,
     names_written,
     walk,
@@ -14,8 +16,8 @@ from graphify.analysis.statements import (
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
 from graphify.plan import dataflow
-from graphify.plan.base import Plan, if_chain, is_shape_read, rebound_in_loop, split_branches
-from graphify.plan.draws import replace_draws
+from graphify.plan.base import Plan, if_chain, is_shape_read, kept_roots, rebound_in_loop
+from graphify.plan.draws import drawn_names
 from graphify.plan.refusals import (
     HOST_BRANCH_IN_STEP,
     LOOP_SHAPE,
@@ -23,59 +25,95 @@ from graphify.plan.refusals import (
 )
 
 
+class _StepStatement:
+    """A statement of the step as the graph runs it, read from the plan's description, nothing built: a
+    statement split by the planner (plan.hoisted) as its captured half, a keyed `if` without the host
+    statements that leave it (plan.split_ifs), each drawn expression as the input that replaces it."""
+
+    def __init__(self, plan: Plan, body: list[cst.BaseStatement], index: int) -> None:
+        self.source, self.hoist, self.drawn = body[index], plan.hoisted.get(index), drawn_names(plan)
+        self.split = index in plan.split_ifs
+        self.roots = [] if self.hoist else captured_roots(plan, body, index)
+
+    def written(self) -> set[str]:
+        return set(self.hoist.names) if self.hoist else set().union(*map(names_written, self.roots))
+
+    def read_before_bound(self, bound: set[str]) -> set[str]:
+        if self.hoist:
+            return self.hoist.captured_reads(self.source) - bound
+        if self.split:  # its tests and kept statements, as names_read reads an `if`
+            return set().union(*(names_read(r, self.drawn) for r in self.roots)) - bound
+        return _read_before_bound(self.source, bound, self.drawn)
+
+    def names_in_order(self) -> list[str]:
+        if self.hoist:
+            return self.hoist.captured_names_in_order(self.source)
+        return [name for r in self.roots for name in names_in_order(r, self.drawn)]
+
+    def readers(self, name: str) -> list[cst.CSTNode]:
+        """The source's statements that read `name` where the step runs them, for `check` to point at."""
+        if self.hoist:
+            return [self.source] if name in self.hoist.captured_reads(self.source) else []
+        return _statements_reading(name, [self.source])
+
+
 def find_inputs_outputs(plan: Plan, body: list[cst.BaseStatement], env: Env, enclosing: cst.CSTNode, refuse) -> None:
     target = plan.loop.node.target if isinstance(plan.loop.node, cst.For) else None
     if target is not None and any(isinstance(n, (cst.Subscript, cst.Attribute)) for n in _target_slots(target)):
         # `for cur["x"], cur["y"] in data`: the step would read the batch through the object, a replay its first one
         refuse(LOOP_SHAPE, target, "the loop binds its items to an item or attribute of an object, not to names the step can take in")
-    graph_stmts = [plan.hoisted[i][0] if i in plan.hoisted else replace_draws(plan, _captured_part(plan, body, i)) for i in plan.graph]
-    written = set().union(*(names_written(s) for s in graph_stmts))
-    per_iteration = rebound_in_loop(plan.loop) - set().union(*(names_written(s) for s in graph_stmts)) if graph_stmts else set()
+    step = [_StepStatement(plan, body, i) for i in plan.graph]
+    written = set().union(*(s.written() for s in step))
+    per_iteration = rebound_in_loop(plan.loop) - written if step else set()
     per_iteration |= set().union(*(names_written(body[i]) for i in range(len(body)) if i not in plan.graph))
     if isinstance(plan.loop.node, cst.For):
-        per_iteration |= names_written(cst.Assign([cst.AssignTarget(plan.loop.node.target)], cst.Name("_")))
+        per_iteration |= names_bound_by(plan.loop.node.target)
     # by every node: a statement opened from a mode block is a copy, its statements are the source's; the
     # host statements of keyed ifs run after the call, and read what the step binds as code outside it does
-    captured = {id(n) for i in plan.graph for n in walk(body[i] if i in plan.hoisted else _captured_part(plan, body, i))}
+    captured = {
+        id(n) for i in plan.graph for root in ([body[i]] if i in plan.hoisted else captured_roots(plan, body, i)) for n in walk(root)
+    }
     outside = _names_read_outside(enclosing, captured)
-    outside |= set().union(*(names_read(host) for _, host in plan.hoisted.values()))
+    outside |= set().union(*(names_read(body[i], _as_names(hoist.replaced)) for i, hoist in plan.hoisted.items()))
     # a name the function declares `global` is bound outside it, at module level
     defined_outside = _names_written_outside(enclosing, captured) | per_iteration | env.declared_global()
     read_first: set[str] = set()  # names the step reads before it binds them itself
     bound: set[str] = set()
-    for stmt in graph_stmts:
-        read_first |= _read_before_bound(stmt, bound)
-        bound |= names_written(stmt)
+    for stmt in step:
+        read_first |= stmt.read_before_bound(bound)
+        bound |= stmt.written()
     inputs = []
     this_loop = names_written(plan.loop.node)
     for name in sorted(read_first):
         if name in per_iteration or (name in written and name in defined_outside):
-            if dataflow.is_host_expression(cst.Name(name), env) and not is_shape_value(name, body):
+            if dataflow.is_host_name(name, env) and not is_shape_value(name, body):
                 if name not in this_loop and name not in written:
                     # a number an enclosing loop sets (`lr /= 4` each epoch): fixed while this loop runs, so
                     # it is a host input, and the runtime keeps one graph per value it takes
                     inputs.append(name)
                 elif not _only_in_keys(name, plan, body):
                     why = f"the step reads `{name}`, a host value that changes between steps; capture would freeze it"
-                    # a statement split by the planner (`x_tensor = model(x).argmax()`) is not in the source: its original is
-                    originals = {id(plan.hoisted[i][0]): body[i] for i in plan.hoisted}
-                    # the source's statements, not their copies with draws replaced: check points into the file
-                    source_stmts = [plan.hoisted[i][0] if i in plan.hoisted else body[i] for i in plan.graph]
-                    for reader in _statements_reading(name, source_stmts) or [None]:
-                        refuse(PER_STEP_HOST_VALUE, originals.get(id(reader), reader), why)
+                    for reader in [r for stmt in step for r in stmt.readers(name)] or [None]:
+                        refuse(PER_STEP_HOST_VALUE, reader, why)
                 continue
             inputs.append(name)
-    plan.inputs = _in_source_order(inputs + [name for name, _ in plan.draws.values()], graph_stmts)
+    order = [name for stmt in step for name in stmt.names_in_order()]
+    plan.inputs = _in_source_order(inputs + [name for name, _ in plan.draws.values()], order)
     # an input the step binds again (`X, Y = get_batch()` after the forward) is read by the next step's call
-    plan.outputs = _in_source_order([n for n in written if n in outside or n in inputs], graph_stmts)
+    plan.outputs = _in_source_order([n for n in written if n in outside or n in inputs], order)
     _refuse_outputs_bound_on_some_steps(plan, body, refuse)
     after_loop = _names_read_outside(enclosing, {id(plan.loop.node)})
     plan.clones = [n for n in plan.outputs if n in after_loop or _kept_in_loop(n, body, plan)]
 
 
-def _captured_part(plan: Plan, body: list[cst.BaseStatement], index: int) -> cst.BaseStatement:
-    """A statement of the step as the graph runs it: a keyed `if` without the host statements that leave it."""
-    return split_branches(body[index], plan.split_ifs[index])[0] if index in plan.split_ifs else body[index]
+def captured_roots(plan: Plan, body: list[cst.BaseStatement], index: int) -> list[cst.CSTNode]:
+    """What the graph runs of a statement of the step: all of it, or of a keyed `if` its tests and the
+    statements the step keeps."""
+    return kept_roots(body[index], plan.split_ifs[index]) if index in plan.split_ifs else [body[index]]
+
+
+def _as_names(replaced: dict[int, str]) -> dict[int, tuple[str, ...]]:
+    return {key: (name,) for key, name in replaced.items()}
 
 
 def _refuse_outputs_bound_on_some_steps(plan: Plan, body: list[cst.BaseStatement], refuse) -> None:
@@ -104,33 +142,33 @@ def _target_slots(target: cst.BaseExpression) -> list[cst.BaseExpression]:
     return _target_slots(target.value) if isinstance(target, cst.StarredElement) else [target]
 
 
-def _read_before_bound(stmt: cst.BaseStatement, bound: set[str]) -> set[str]:
+def _read_before_bound(stmt: cst.BaseStatement, bound: set[str], drawn: dict[int, tuple[str, ...]]) -> set[str]:
     """Names `stmt` reads before it binds them, given the names `bound` before it. A `for` body is
     followed statement by statement: `for _ in range(k): loss = model(x); loss.backward()` reads no
     earlier `loss`, while a body that reads a name before rebinding it reads the last pass's value."""
     if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):  # `out = model(x); loss = f(out)`
         reads, inner = set(), set(bound)
         for small in stmt.body:
-            reads |= names_read(small) - inner
+            reads |= names_read(small, drawn) - inner
             inner |= names_written(small)
         return reads
     if isinstance(stmt, cst.With):  # its body, in order, after the items
-        reads = set().union(*(names_read(item.item) for item in stmt.items)) - bound
+        reads = set().union(*(names_read(item.item, drawn) for item in stmt.items)) - bound
         inner = bound | set().union(*(names_written(item.asname.name) for item in stmt.items if item.asname))
-        return reads | _block_reads(stmt.body, inner)
+        return reads | _block_reads(stmt.body, inner, drawn)
     if not (isinstance(stmt, cst.For) and stmt.orelse is None):
-        return names_read(stmt) - bound
-    reads = names_read(stmt.iter) - bound
-    inner = bound | names_written(cst.Assign([cst.AssignTarget(stmt.target)], cst.Name("_")))
-    return reads | _block_reads(stmt.body, inner)
+        return names_read(stmt, drawn) - bound
+    reads = names_read(stmt.iter, drawn) - bound
+    inner = bound | names_bound_by(stmt.target)
+    return reads | _block_reads(stmt.body, inner, drawn)
 
 
-def _block_reads(block: cst.BaseSuite, bound: set[str]) -> set[str]:
+def _block_reads(block: cst.BaseSuite, bound: set[str], drawn: dict[int, tuple[str, ...]]) -> set[str]:
     if isinstance(block, cst.SimpleStatementSuite):
-        return _read_before_bound(block, bound)
+        return _read_before_bound(block, bound, drawn)
     reads, inner = set(), set(bound)
     for s in block.body:
-        reads |= _read_before_bound(s, inner)
+        reads |= _read_before_bound(s, inner, drawn)
         inner |= names_written(s)
     return reads
 
@@ -172,7 +210,7 @@ def _names_written_outside(root: cst.CSTNode, excluded: set[int]) -> set[str]:
         if isinstance(n, (cst.SimpleStatementLine, cst.For, cst.With)):
             found |= names_written(n) if isinstance(n, cst.SimpleStatementLine) else set()
             if isinstance(n, cst.For):
-                found |= names_written(cst.Assign([cst.AssignTarget(n.target)], cst.Name("_")))
+                found |= names_bound_by(n.target)
             if isinstance(n, cst.With):
                 found |= {a.name.value for a in (i.asname for i in n.items) if a is not None and isinstance(a.name, cst.Name)}
         stack.extend(children(n))
@@ -240,13 +278,13 @@ def _only_in_keys(name: str, plan: Plan, body) -> bool:
     return True
 
 
-def _in_source_order(names, stmts) -> list[str]:
-    order: dict[str, int] = {}
-    for s in stmts:
-        for n in walk(s):
-            if isinstance(n, cst.Name) and n.value in names and n.value not in order:
-                order[n.value] = len(order)
-    return sorted(names, key=lambda n: order.get(n, len(order)))
+def _in_source_order(names, order: list[str]) -> list[str]:
+    """`names` in the order `order` (the step's names as its code writes them) first holds them."""
+    first: dict[str, int] = {}
+    for name in order:
+        if name in names and name not in first:
+            first[name] = len(first)
+    return sorted(names, key=lambda n: first.get(n, len(first)))
 
 
 _HOST_READ_CHAIN = {"item", "tolist", "detach", "cpu", "numpy", "float", "double"}
@@ -256,12 +294,19 @@ def _kept_in_loop(name: str, body, plan: Plan) -> bool:
     """An output read after the step only through `.item()`, `float()` or formatting needs no copy;
     anything that keeps the tensor (a list, a best-so-far, the next iteration) does, since the next
     replay overwrites it."""
-    eager = [body[i] for i in range(len(body)) if i not in plan.graph] + [host for _, host in plan.hoisted.values()]
-    return any(not ok for stmt in eager for ok, _ in _uses(stmt, name))
+    eager = [(body[i], None) for i in range(len(body)) if i not in plan.graph] + [(body[i], h.replaced) for i, h in plan.hoisted.items()]
+    return any(not ok for stmt, replaced in eager for ok, _ in _uses(stmt, name, replaced))
 
 
-def _uses(stmt: cst.CSTNode, name: str):
+def _uses(stmt: cst.CSTNode, name: str, replaced: dict[int, str] | None = None):
+    """(whether only read on the host, the node) for each use of `name`; `replaced`: expressions (by id)
+    read as a name instead (the host half of a statement split by the planner)."""
+
     def visit(n, parents):
+        if replaced and id(n) in replaced:
+            if replaced[id(n)] == name:
+                yield _is_host_read_use(parents), n
+            return
         if isinstance(n, cst.Name) and n.value == name:
             yield _is_host_read_use(parents), n
             return

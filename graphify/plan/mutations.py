@@ -15,7 +15,7 @@ from graphify.analysis.containers import makes_container
 from graphify.analysis.names import class_made, dotted
 from graphify.analysis.tree import descendants
 from graphify.analysis.vocabulary import OPTIMIZER, SCHEDULER
-from graphify.analysis.statements import names_read, names_written, walk
+from graphify.analysis.statements import names_bound_by, names_read, names_written, walk
 from graphify.plan.base import moved_statements
 from graphify.plan.dataflow import attribute_targets, captured_nodes, target_parts
 from graphify.plan.refusals import MUTATED_STATE
@@ -147,7 +147,7 @@ def _changed_between_runs(loop, rebound: set[str]) -> tuple[list, list]:
         if isinstance(n, cst.For) and id(n) not in inner
         for root in [dotted(n.iter.func.value if isinstance(n.iter, cst.Call) and isinstance(n.iter.func, cst.Attribute) else n.iter)]
         if root is not None
-        for name in names_written(cst.Assign([cst.AssignTarget(n.target)], cst.Name("_")))
+        for name in names_bound_by(n.target)
     }
     for node in walk(outer[0].body):  # the outermost loop holds the others
         if id(node) in inner:

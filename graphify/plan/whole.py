@@ -32,10 +32,10 @@ from graphify.analysis.vocabulary import MODEL, OPTIMIZER, is_torch_tensor_call
 from graphify.model import FixKind
 from graphify.plan import dataflow
 from graphify.plan.base import (
-    EMPTY,
     FIXED_IN_PLACE,
+    Hoist,
     Plan,
-    ReplaceNodes,
+    inside_mode_blocks,
     body_nodes_of,
     body_of,
     if_chain,
@@ -46,12 +46,10 @@ from graphify.plan.base import (
     is_scaler_call,
     branch_statements,
     fresh_name,
-    is_mode_block,
     is_zero_grad,
     moved_statements,
     rebound_in_loop,
     source_of,
-    same,
     sets_lr,
     step_statements,
 )
@@ -193,7 +191,7 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> 
         _split_off_host_work(plan, i, stmt, env)
         if i in plan.hoisted:
             plan.graph.append(i)
-            graph_writes |= names_written(plan.hoisted[i][0])
+            graph_writes |= set(plan.hoisted[i].names)
             continue
         later_reads = set().union(*(names_read(body[j]) for j in span[pos + 1 :]))
         # a statement moved after the call must not read a name the rest of the step binds again
@@ -246,7 +244,7 @@ def _split_step(plan: Plan, body: list[cst.BaseStatement], env: Env, refuse) -> 
         if not any(contains(s, anchor) for s in graph_nodes for anchor in body_nodes_of(plan, node)):
             continue
         optimizer = in_loop_scope(plan, m[0], site.block)  # the runtime finds the optimizers itself
-        if optimizer is not None and not any(same(optimizer, o) for o in plan.optimizers):
+        if optimizer is not None and optimizer not in plan.optimizers:
             plan.optimizers.append(optimizer)
 
 
@@ -340,19 +338,10 @@ def _refuse_scaler_before_backward(stmt: cst.BaseStatement, env: Env) -> None:
 def _split_off_host_work(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env) -> None:
     """A statement that mixes the step's GPU work with host work is split in two (plan.hoisted): the GPU
     half is captured, the host half runs after the replay (inside the mode block it stood in, if any)."""
-    if is_mode_block(stmt) and len(stmt.body.body) == 1:
-        _split_off_host_work(plan, index, stmt.body.body[0], env)
-        if index in plan.hoisted:
-            captured, host = plan.hoisted[index]
-            plan.hoisted[index] = (_in_block(stmt, captured), _in_block(stmt, host).with_changes(leading_lines=[]))
-        return
+    stmt = inside_mode_blocks(stmt)
     _hoist_host_reads(plan, index, stmt, env)
     if index not in plan.hoisted:
         _hoist_collected(plan, index, stmt, env)
-
-
-def _in_block(block: cst.With, stmt: cst.BaseStatement) -> cst.With:
-    return block.with_changes(body=block.body.with_changes(body=[stmt]))
 
 
 _COLLECTING_METHODS = {"append", "extend"}
@@ -370,10 +359,7 @@ def _hoist_collected(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env) 
     receiver, value = dotted(m[0]), call.args[0].value
     if receiver is None or does_gpu_work(m[0], env) or not does_gpu_work(value, env) or is_side_computation(stmt, env):
         return  # `losses.append(loss.detach())` runs after the step as it stands
-    name = fresh_name(f"{receiver.rsplit('.', 1)[-1]}_item", plan.loop.module.names)
-    captured = cst.parse_statement(f"{name} = {EMPTY.code_for_node(value)}")
-    host = stmt.visit(ReplaceNodes({id(value): cst.Name(name)}))
-    plan.hoisted[index] = (captured.with_changes(leading_lines=stmt.leading_lines), host.with_changes(leading_lines=[]))
+    plan.hoisted[index] = Hoist([value], [fresh_name(f"{receiver.rsplit('.', 1)[-1]}_item", plan.loop.module.names)])
     plan.hoisted_reads.add(id(call))
 
 
@@ -399,10 +385,7 @@ def _hoist_host_reads(plan: Plan, index: int, stmt: cst.BaseStatement, env: Env)
         return
     target = small.target if isinstance(small, cst.AugAssign) else small.targets[0].target if isinstance(small, cst.Assign) else None
     base = f"{target.value}_tensor" if isinstance(target, cst.Name) else "step_tensor"
-    names = [fresh_name(base, plan.loop.module.names) for _ in reads]
-    captured = cst.parse_statement(f"{', '.join(names)} = {', '.join(EMPTY.code_for_node(r) for _, r in reads)}")
-    host = stmt.visit(ReplaceNodes({id(r): cst.Name(name) for (_, r), name in zip(reads, names)}))
-    plan.hoisted[index] = (captured.with_changes(leading_lines=stmt.leading_lines), host.with_changes(leading_lines=[]))
+    plan.hoisted[index] = Hoist([r for _, r in reads], [fresh_name(base, plan.loop.module.names) for _ in reads])
     plan.hoisted_reads.update(id(call) for call, _ in reads)
 
 

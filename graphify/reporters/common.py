@@ -5,13 +5,23 @@ from __future__ import annotations
 
 from graphify.model import Diagnostic, LoopReport, Report
 
-# Where a rule's documentation lives in the repository (its source, beside the rule).
 REPOSITORY_URL = "https://github.com/graphify/graphify"
-RULE_DOC_URL = REPOSITORY_URL + "/blob/main/graphify/rules/docs/{code}.md"
+
+
+def rule_path(code: str) -> str:
+    """The rule's module in the repository (graphify/rules/<family>/gfyNNN_<name>.py): its DOC, the rule's
+    page, stands beside its code."""
+    from graphify.rules import unit_of  # the registry loads every rule: only when a format names one
+
+    unit = unit_of(code)
+    if unit is None:
+        raise KeyError(f"no rule {code}")
+    return unit.__name__.replace(".", "/") + ".py"
 
 
 def rule_url(code: str) -> str:
-    return RULE_DOC_URL.format(code=code)
+    """Where a rule's documentation lives: its module on the repository's main branch."""
+    return f"{REPOSITORY_URL}/blob/main/{rule_path(code)}"
 
 
 def sorted_diagnostics(report: Report) -> list[Diagnostic]:

@@ -13,7 +13,7 @@ from graphify.analysis.names import dotted
 from graphify.analysis.statements import names_written, walk
 from graphify.files import python_syntax_error
 from graphify.model import FileError, Verdict
-from graphify.rewrite.bundle import RuntimeChoice, bound_runtime_names, runtime_header
+from graphify.rewrite.bundle import RuntimeChoice, bound_runtime_names, runtime_header, with_runtime_imports
 from graphify.rewrite.deferred import DEFERRED_READS, plan_deferral
 from graphify.rewrite.emit import CAPTURED_STEP, DDP_BUILDER, GRAPHED_MODULE, Emission, Rewriter, after_replay
 from graphify.plan.base import fresh_name
@@ -101,7 +101,7 @@ def _rewrite_source(source: str, path: str, settings, runtime: RuntimeChoice) ->
         names[class_name] = class_name if class_name not in taken else fresh_name(class_name, taken)
         new.append(class_name)
     new_tree = tree.visit(Rewriter(emissions, names, runtime_header(runtime, names, new)))
-    code = new_tree.code
+    code = with_runtime_imports(new_tree, runtime, names, new).code
     try:
         compile(code, path, "exec")
     except SyntaxError as e:  # never hand back code that does not parse

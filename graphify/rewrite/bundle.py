@@ -15,6 +15,8 @@ from functools import cache
 from pathlib import Path
 
 import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
 from graphify.analysis.rewritten import INLINE_FUNCTION
 from graphify.rewrite.deferred import DEFERRED_READS
@@ -112,26 +114,34 @@ class _UnindentedBlankLines(cst.CSTTransformer):
 
 
 def runtime_header(choice: RuntimeChoice, names: dict[str, str], new: list[str]) -> list[cst.BaseStatement]:
-    """The statements that bring the runtime classes `new` into a file under `names`."""
-    if not new:
+    """With --runtime inline, the statements that bring the runtime classes `new` into a file under `names`
+    (the pasted runtime); an import is added by with_runtime_imports."""
+    if not new or choice.mode != "inline":
         return []
-    if choice.mode == "inline":
-        version = runtime_version()
-        classes = (*RUNTIME_CLASSES, DEFERRED_READS) if DEFERRED_READS in new else RUNTIME_CLASSES
-        imports, bodies = _parts(DEFERRED_READS in new)
-        code = "".join(imports) + "".join(bodies) + f"return {', '.join(classes)}\n"
-        inner = cst.parse_module(code).visit(_UnindentedBlankLines()).body
-        function = cst.FunctionDef(
-            name=cst.Name(INLINE_FUNCTION),
-            params=cst.Parameters(),
-            body=cst.IndentedBlock(body=inner),
-            leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(comment=cst.Comment(BEGIN.format(version=version)))],
-        )
-        bound = ", ".join(names[c] for c in classes)
-        binding = cst.parse_statement(f"{bound} = {INLINE_FUNCTION}()  {END.format(version=version)}\n")
-        return [function, binding.with_changes(leading_lines=[cst.EmptyLine(indent=False)])]
-    listed = ", ".join(c if names[c] == c else f"{c} as {names[c]}" for c in new)
-    return [cst.parse_statement(f"from {choice.module} import {listed}\n")]
+    version = runtime_version()
+    classes = (*RUNTIME_CLASSES, DEFERRED_READS) if DEFERRED_READS in new else RUNTIME_CLASSES
+    imports, bodies = _parts(DEFERRED_READS in new)
+    code = "".join(imports) + "".join(bodies) + f"return {', '.join(classes)}\n"
+    inner = cst.parse_module(code).visit(_UnindentedBlankLines()).body
+    function = cst.FunctionDef(
+        name=cst.Name(INLINE_FUNCTION),
+        params=cst.Parameters(),
+        body=cst.IndentedBlock(body=inner),
+        leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(comment=cst.Comment(BEGIN.format(version=version)))],
+    )
+    bound = ", ".join(names[c] for c in classes)
+    binding = cst.parse_statement(f"{bound} = {INLINE_FUNCTION}()  {END.format(version=version)}\n")
+    return [function, binding.with_changes(leading_lines=[cst.EmptyLine(indent=False)])]
+
+
+def with_runtime_imports(tree: cst.Module, choice: RuntimeChoice, names: dict[str, str], new: list[str]) -> cst.Module:
+    """`tree` importing the runtime classes `new` under `names` from the package or a vendored copy, as
+    libcst's AddImportsVisitor adds imports: after the module docstring and `from __future__` imports, at
+    the end of the file's leading imports (added to an import from the same module there), never twice."""
+    if not new or choice.mode == "inline":
+        return tree
+    wanted = [ImportItem(choice.module, name, None if names[name] == name else names[name]) for name in new]
+    return tree.visit(AddImportsVisitor(CodemodContext(), wanted))
 
 
 def vendor_code() -> str:

@@ -35,7 +35,8 @@ from graphify.analysis.statements import names_written, walk
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import DDP, LOSS, MODEL
-from graphify.plan.base import Plan, fresh_name, is_mode_block, split_branches
+from graphify.plan.base import Plan, fresh_name, is_mode_block
+from graphify.rewrite.splits import hoisted_halves, split_if
 
 DEFERRED_READS = "DeferredReads"
 
@@ -332,9 +333,9 @@ def _rest_of_loop(plan: Plan, kept_after: list[cst.BaseStatement]) -> _Loop:
     moved = set(plan.after) | set(plan.tail)
     for i, stmt in enumerate(stmts):
         if i in plan.hoisted:
-            _add(loop, plan.hoisted[i][0])
+            _add(loop, hoisted_halves(stmt, plan.hoisted[i])[0])
         elif i in plan.split_ifs:
-            _add(loop, split_branches(stmt, plan.split_ifs[i])[0])
+            _add(loop, split_if(stmt, plan.split_ifs[i])[0])
         elif i not in moved and i <= plan.last:
             _add(loop, stmt)
     for stmt in kept_after:

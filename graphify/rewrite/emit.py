@@ -9,9 +9,9 @@ import libcst as cst
 
 from graphify.analysis.names import dotted
 from graphify.plan import PartialPlan, Plan
-from graphify.plan.draws import drawn_value
-from graphify.plan.base import if_chain, split_branches, step_statements
+from graphify.plan.base import if_chain, step_statements
 from graphify.rewrite.deferred import DEFERRED_READS, Deferral, deferred_run, reads_object, with_flush
+from graphify.rewrite.splits import drawn_value, hoisted_halves, regroup, split_if
 from graphify.rewrite.staging import stage_call, staged_copies
 
 CAPTURED_STEP, GRAPHED_MODULE, DDP_BUILDER = "CapturedStep", "GraphedModule", "build_on_capture_stream"
@@ -55,9 +55,9 @@ def _moved_after(plan: Plan, stmts: list[cst.BaseStatement]) -> list[tuple[int, 
     moved = []
     for i in sorted(plan.after + plan.tail + list(plan.split_ifs) + list(plan.hoisted)):
         if i in plan.hoisted:
-            moved.append((i, plan.hoisted[i][1]))
+            moved.append((i, hoisted_halves(plan.statements[i], plan.hoisted[i])[1]))
         elif i in plan.split_ifs:  # the branches' host statements, under the same tests
-            moved.append((i, split_branches(stmts[i], plan.split_ifs[i])[1]))
+            moved.append((i, split_if(stmts[i], plan.split_ifs[i])[1]))
         else:
             moved.append((i, stmts[i]))
     return moved
@@ -106,8 +106,8 @@ def _draws(plan: Plan, step_name: str) -> list[cst.BaseStatement]:
 
 class Rewriter(cst.CSTTransformer):
     def __init__(self, emissions: list[Emission], helper_names: dict[str, str], header: list[cst.BaseStatement]) -> None:
-        """helper_names: runtime class name -> its name in this file; header: the statements that bring
-        the runtime in (an import, or the pasted runtime), placed after the file's imports."""
+        """helper_names: runtime class name -> its name in this file; header: the pasted runtime (--runtime
+        inline), placed after the file's imports (an import of it is added after: bundle.with_runtime_imports)."""
         self.helper_name = helper_names.get(CAPTURED_STEP, CAPTURED_STEP)
         self.reads_class = helper_names.get(DEFERRED_READS, DEFERRED_READS)
         self.header = header
@@ -199,23 +199,21 @@ class Rewriter(cst.CSTTransformer):
         )
         before = [(i, s) for i, s in enumerate(stmts[: plan.first]) if i not in plan.pulled_in] + [(i, stmts[i]) for i in plan.before]
         rest = list(enumerate(stmts))[plan.last + 1 :]
-        body = step_body.regroup(before) + _draws(plan, emission.step_name) + [call_stmt] + _clones(plan, emission.step_name)
+        body = regroup(step_body, before) + _draws(plan, emission.step_name) + [call_stmt] + _clones(plan, emission.step_name)
         deferral = emission.deferral
         if deferral is None:
-            body += step_body.regroup(_moved_after(plan, stmts)) + step_body.regroup(rest)
+            body += regroup(step_body, _moved_after(plan, stmts)) + regroup(step_body, rest)
             return updated.with_changes(body=updated.body.with_changes(body=body))
         after = after_replay(plan, stmts)
-        deferred = step_body.regroup(after[deferral.first :])
-        body += step_body.regroup(after[: deferral.first]) + [deferred_run(deferral, deferred, flush=False)]
+        deferred = regroup(step_body, after[deferral.first :])
+        body += regroup(step_body, after[: deferral.first]) + [deferred_run(deferral, deferred, flush=False)]
         return with_flush(updated.with_changes(body=updated.body.with_changes(body=body)), deferral, deferred)
 
     def _define_step(self, emission: Emission, step_body) -> None:
         """`def train_step(inputs): <captured statements>; return outputs` and its wrapping, placed before
         the loop (or the enclosing loop the step is defined outside of)."""
         plan, stmts = emission.plan, step_body.statements
-        graph_body = step_body.regroup(
-            [(i, plan.hoisted[i][0] if i in plan.hoisted else self._captured(plan, i, stmts[i])) for i in plan.graph]
-        )
+        graph_body = regroup(step_body, [(i, self._captured(plan, i, stmts[i])) for i in plan.graph])
         graph_body[0] = graph_body[0].with_changes(leading_lines=[line for line in graph_body[0].leading_lines if line.comment])
         if plan.outputs:
             graph_body.append(cst.parse_statement(f"return {', '.join(plan.outputs)}"))
@@ -227,14 +225,18 @@ class Rewriter(cst.CSTTransformer):
                 _comment(f"one {'training' if plan.kind == 'train' else 'inference'} step of the loop below, replayed from a CUDA graph"),
             ],
         )
-        device = f", device={_EMPTY.code_for_node(plan.device)}" if plan.device is not None else ""
+        device = f", device={plan.device}" if plan.device is not None else ""
         wrap = cst.parse_statement(f"{emission.step_name} = {self.helper_name}({emission.step_name}{device})")
         made = [step_def, wrap] + ([reads_object(emission.deferral, self.reads_class)] if emission.deferral else [])
         self.defs.setdefault(id(emission.anchor), []).extend(made)
 
     @staticmethod
     def _captured(plan: Plan, index: int, stmt: cst.BaseStatement) -> cst.BaseStatement:
-        return split_branches(stmt, plan.split_ifs[index])[0] if index in plan.split_ifs else stmt
+        """What the step function runs of a statement: a split statement's captured half (built from the
+        source's statement, which the plan's description names), a keyed `if` without its host statements."""
+        if index in plan.hoisted:
+            return hoisted_halves(plan.statements[index], plan.hoisted[index])[0]
+        return split_if(stmt, plan.split_ifs[index])[0] if index in plan.split_ifs else stmt
 
     # ---- where step functions and the helper go ----------------------------------------------------
 

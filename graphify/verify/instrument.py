@@ -194,7 +194,7 @@ def _probe(analysis: LoopAnalysis) -> tuple[cst.CSTNode, int, str, bool] | None:
             return _probe_after_helper(analysis, body, carried)
         if not anchors and plan is not None:
             # the step runs in a called function: record what the captured call returns
-            optimizers = _optimizers([_code(o) for o in plan.optimizers])
+            optimizers = _optimizers(plan.optimizers)
             # names the original binds too: not those the rewrite makes splitting a statement (`total_tensor`)
             bound = set().union(*(names_written(plan.statements[i]) for i in plan.graph))
             outputs = [n for n in plan.outputs if n in bound]
