@@ -31,6 +31,7 @@ from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import MODEL, OPTIMIZER, is_torch_tensor_call
 from graphify.model import FixKind
 from graphify.plan import dataflow
+from graphify.analysis.step_body import step_statements
 from graphify.plan.base import (
     FIXED_IN_PLACE,
     Hoist,
@@ -51,7 +52,6 @@ from graphify.plan.base import (
     rebound_in_loop,
     source_of,
     sets_lr,
-    step_statements,
 )
 from graphify.plan.draws import drawn_nodes, plan_draws
 from graphify.plan.inputs import find_inputs_outputs, is_shape_value

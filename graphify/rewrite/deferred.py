@@ -35,7 +35,8 @@ from graphify.analysis.statements import names_written, walk
 from graphify.analysis.tree import children
 from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import DDP, LOSS, MODEL
-from graphify.plan.base import Plan, fresh_name, is_mode_block
+from graphify.analysis.step_body import is_mode_block
+from graphify.plan.base import Plan, fresh_name
 from graphify.rewrite.splits import hoisted_halves, split_if
 
 DEFERRED_READS = "DeferredReads"

@@ -9,7 +9,8 @@ import libcst as cst
 
 from graphify.analysis.names import dotted
 from graphify.plan import PartialPlan, Plan
-from graphify.plan.base import if_chain, step_statements
+from graphify.analysis.step_body import step_statements
+from graphify.plan.base import if_chain
 from graphify.rewrite.deferred import DEFERRED_READS, Deferral, deferred_run, reads_object, with_flush
 from graphify.rewrite.splits import drawn_value, hoisted_halves, regroup, split_if
 from graphify.rewrite.staging import stage_call, staged_copies

@@ -7,7 +7,8 @@ from __future__ import annotations
 import libcst as cst
 
 from graphify.analysis.names import code_text
-from graphify.plan.base import Hoist, Plan, StepBody, branch_statements, is_mode_block
+from graphify.analysis.step_body import StepBody, is_mode_block
+from graphify.plan.base import Hoist, Plan, branch_statements
 
 
 class ReplaceNodes(cst.CSTTransformer):
