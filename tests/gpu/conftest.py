@@ -26,10 +26,13 @@ def timings_say(monkeypatch):
     """What the runtime concludes from its timings, forced either way: `timings_say(loop_pays=...)` for the
     trial of replayed against eager calls in the loop (common.MIN_LOOP_GAIN), `timings_say(passes_pay=...)`
     for GraphedModule's side-by-side passes after its capture (graphed_module.MIN_REPLAY_GAIN). True: any
-    gain keeps the graphs; False: no gain does."""
+    gain keeps the graphs; False: no gain does. Either one also keeps the warmup calls from calling the work
+    GPU-bound (common.GPU_BOUND_SHARE), which a GPU shared with the other test processes can make it look:
+    the decision under test comes later."""
     from graphify.runtime import common, graphed_module
 
     def say(*, loop_pays: bool | None = None, passes_pay: bool | None = None) -> None:
+        monkeypatch.setattr(common, "GPU_BOUND_SHARE", 0.0)
         if loop_pays is not None:
             monkeypatch.setattr(common, "MIN_LOOP_GAIN", 0.0 if loop_pays else 1e9)
         if passes_pay is not None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from harness import assert_all_close, fallbacks, no_fallback, snapshot
 
-from graphify.runtime import GraphedModule, common
+from graphify.runtime import GraphedModule
 from graphify.runtime import graphed_module as graphed_module_runtime
 
 
@@ -50,12 +50,10 @@ def _assert_bit_identical(got, expected):
     assert torch.equal(got[2], expected[2])  # the CUDA RNG: the timed passes' draws were undone
 
 
-def test_dropped_graphs_leave_no_trace_in_batch_norm_or_the_rng(monkeypatch, timings_say, captures):
+def test_dropped_graphs_leave_no_trace_in_batch_norm_or_the_rng(timings_say, captures):
     """Graphs timed and dropped (a gain no replay can reach): the capture's and the timed passes'
     batch-norm updates and dropout draws are undone, and training matches plain eager bit for bit."""
     timings_say(passes_pay=False)
-    # other tests share the GPU (pytest -n): its time may make this small forward look GPU-bound, uncaptured
-    monkeypatch.setattr(common, "GPU_BOUND_SHARE", 0.0)  # no call is GPU-bound
     expected = _train(_normalised, graphed=False)
     got = _train(_normalised, graphed=True)
     assert captures == [1, 1]  # the forward and backward graphs were captured, then dropped
