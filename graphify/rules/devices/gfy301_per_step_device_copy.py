@@ -173,7 +173,8 @@ be captured at all.
 Use static input buffers: allocate device tensors with the batch's shape and dtype before warmup, capture a step that
 reads only them, and before each replay copy the new batch in with `static_x.copy_(x, non_blocking=True)`, outside
 the graph. `pin_memory=True` on the loader keeps that copy asynchronous. `graphify rewrite` keeps a device copy
-that comes before the step eagerly and copies its result into the graph's static input buffers before each replay.
+that comes before the step eagerly, written `train_step.stage(x, device)` (the same copy, queued without making the
+CPU wait for the replays before it), and copies its result into the graph's static input buffers before each replay.
 
 ## Example
 
