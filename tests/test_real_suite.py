@@ -182,3 +182,36 @@ def test_a_notebook_runs_as_the_script_of_its_code_cells(tmp_path):
     assert _cells_refusal(notebook, script.read_text().replace("x = torch.ones(2)", "x = torch.zeros(2)")) is None
     refused = script.read_text().replace("torch\npass\n", "torch\nimport os\n")  # the shell escape's line changed
     assert _cells_refusal(notebook, refused) == "the rewrite would change IPython syntax in cell 1"
+
+
+def test_the_time_split_table_sets_each_scripts_original_beside_its_rewrite():
+    sys.path.insert(0, str(REAL))
+    from run_report import time_split_table
+
+    def split(step, data, pageable):
+        seconds = {
+            "startup": 9.0,
+            "data_wait": data,
+            "h2d_copies": pageable,
+            "step": step,
+            "host_reads": 0.0,
+            "evaluation": 0.0,
+            "rest": 0.0,
+        }
+        return {"seconds": seconds, "h2d_pageable_s": pageable}
+
+    record = {
+        "id": "demo",
+        "verify": {
+            "speedup": 2.0,
+            "time_split": {"original": split(2.0, 1.0, 1.0), "rewrite": split(1.0, 1.0, 0.0)},
+            "time_verdict": "launch-bound: 50% of the run after start-up is the step",
+            "step_verdict": "host-bound: the GPU ran kernels only 20%",
+        },
+        "whole_run": {"eager": {"ok": True, "seconds": 13.0}, "graphify": {"ok": True, "seconds": 11.0}},
+    }
+    unsplit = {"id": "old", "verify": {"speedup": 1.5}}  # a record from before verify split the run: no row
+    header, rule, row = time_split_table([record, unsplit])
+    assert row == (
+        "| demo | launch-bound | 4.00 s: data 25% copies 25% step 50% (pageable 25%) | 2.00 s: data 50% step 50% | 2.00× | 2.00× | 1.18× |"
+    )

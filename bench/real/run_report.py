@@ -113,10 +113,9 @@ def _split_cell(split: dict | None) -> str:
 
 
 def _bound(verify: dict) -> str:
-    """What bounds the original's run (the time verdict's first words) and its step (launch- or GPU-bound)."""
+    """What bounds the original's run (the time verdict's first words), and whether the rewrite's step ran eagerly."""
     run = (verify.get("time_verdict") or "").split(":", 1)[0] or "—"
-    step = (verify.get("step_verdict") or "").split(":", 1)[0]
-    return run if not step or step == run else f"{run}; step {step}"
+    return run + ("; the runtime left the step eager" if "eagerly" in (verify.get("step_verdict") or "") else "")
 
 
 def time_split_table(records: list[dict]) -> list[str]:
