@@ -10,6 +10,7 @@ import json
 import statistics
 from pathlib import Path
 
+from graphify.verify.timing import AFTER_STARTUP
 from restore import DEFAULT_DEST, load_manifest, restored_path
 from run import FALLBACK
 
@@ -94,7 +95,7 @@ def _within_spread(whole: dict) -> bool:
     return bool(eager and graphed) and min(graphed) <= max(eager) and min(eager) <= max(graphed)
 
 
-SPLIT_PARTS = ("data_wait", "h2d_copies", "step", "host_reads", "evaluation", "rest")
+SPLIT_PARTS = AFTER_STARTUP  # verify's parts of a run after its start-up, in order
 SPLIT_LABELS = ("data", "copies", "step", "reads", "eval", "rest")
 
 

@@ -14,7 +14,7 @@ from graphify.analysis.scope import collect_scope
 from graphify.analysis.statements import names_written
 from graphify.analysis.targets import unwrap_iterable
 from graphify.analysis.tree import returns
-from graphify.analysis.names import dotted
+from graphify.analysis.names import code_text, dotted
 from graphify.analysis.program import ModuleInfo
 from graphify.analysis.values import Env
 from graphify.analysis.vocabulary import (
@@ -29,12 +29,10 @@ from graphify.analysis.vocabulary import (
 )
 from graphify.model import Rule
 
-_EMPTY_MODULE = cst.Module([])
-
 
 def code_of(node: cst.CSTNode, limit: int = 60) -> str:
     """The node's source on one line, comments dropped, shortened for a message."""
-    lines = _EMPTY_MODULE.code_for_node(node).splitlines()
+    lines = code_text(node).splitlines()
     text = " ".join(" ".join(line.split("  #", 1)[0].split() if "  #" in line else line.split()) for line in lines)
     text = text.replace("( ", "(").replace(" )", ")")
     return text if len(text) <= limit else text[: limit - 1] + "…"

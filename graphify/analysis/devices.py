@@ -6,7 +6,7 @@ import libcst as cst
 
 from graphify.analysis.calls import method_call
 from graphify.analysis.checker import is_cpu_arg, is_device_arg, is_on_device, kwarg
-from graphify.analysis.names import dotted
+from graphify.analysis.names import code_text, dotted
 from graphify.analysis.vocabulary import DDP, LOSS, MODEL
 
 # Factories whose tensor is the same made on the host or on the device (random ones draw from another generator).
@@ -32,7 +32,7 @@ def device_for_factory(call: cst.Call, env) -> str | None:
     device = extra[0].value
     if not is_device_arg(device, env) or is_cpu_arg(device, env):
         return None
-    return cst.Module([]).code_for_node(device)
+    return code_text(device)
 
 
 def legacy_tensor_type(expr, env, cuda: bool = False, depth: int = 0) -> bool:

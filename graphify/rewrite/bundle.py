@@ -18,6 +18,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
+from graphify.analysis.names import code_text
 from graphify.analysis.rewritten import INLINE_FUNCTION
 from graphify.rewrite.deferred import DEFERRED_READS
 
@@ -87,7 +88,7 @@ def bound_runtime_names(tree: cst.Module) -> dict[str, str]:
         for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
             if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
                 for alias in small.names:
-                    name = cst.Module([]).code_for_node(alias.name)
+                    name = code_text(alias.name)
                     if name in (*RUNTIME_CLASSES, DEFERRED_READS):
                         found[name] = alias.asname.name.value if alias.asname else name
             elif _is_inline_binding(small):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from graphify.analysis.names import dotted
+from graphify.analysis.names import code_text, dotted
 from graphify.plan import PartialPlan, Plan
 from graphify.analysis.step_body import step_statements
 from graphify.plan.base import if_chain
@@ -16,8 +16,6 @@ from graphify.rewrite.splits import drawn_value, hoisted_halves, regroup, split_
 from graphify.rewrite.staging import stage_call, staged_copies
 
 CAPTURED_STEP, GRAPHED_MODULE, DDP_BUILDER = "CapturedStep", "GraphedModule", "build_on_capture_stream"
-
-_EMPTY = cst.Module([])
 
 
 @dataclass
@@ -86,9 +84,9 @@ def _draw_statement(plan: Plan, key: int, step_name: str) -> cst.BaseStatement:
     """`name = expr`; for a batch fetched in each pass of a micro-step loop, `name = step.fetch(lambda:
     expr, k)`: the runtime fetches in pass order while the step runs eagerly, all k before a replay."""
     name, expr = plan.draws[key]
-    code = _EMPTY.code_for_node(expr)
+    code = code_text(expr)
     if key in plan.draw_repeats:
-        code = f"{step_name}.fetch(lambda: {code}, {_EMPTY.code_for_node(plan.draw_repeats[key][0])})"
+        code = f"{step_name}.fetch(lambda: {code}, {code_text(plan.draw_repeats[key][0])})"
     return cst.parse_statement(f"{name} = {code}")
 
 
@@ -190,7 +188,7 @@ class Rewriter(cst.CSTTransformer):
         self._define_step(emission, step_body)
         key = ""
         if plan.keys:
-            tests = list(dict.fromkeys(_EMPTY.code_for_node(test) for i in plan.keys for test in if_chain(stmts[i]).tests))
+            tests = list(dict.fromkeys(code_text(test) for i in plan.keys for test in if_chain(stmts[i]).tests))
             key = f", key=({', '.join(tests)},)"
         call = f"{emission.step_name}({', '.join(plan.inputs)}{key})"
         if plan.outputs:

@@ -15,7 +15,7 @@ import libcst as cst
 
 from graphify.analysis.checker import Checker
 from graphify.analysis.calls import is_backward, is_model_call, is_step_op, method_call
-from graphify.analysis.names import dotted
+from graphify.analysis.names import code_text, dotted
 from graphify.analysis.rewritten import runtime_helper_assignments
 from graphify.analysis.program import Program
 from graphify.engine import LoopAnalysis, analyze_module
@@ -27,7 +27,6 @@ from graphify.rewrite import rewrite_source
 from graphify.plan import Plan, body_of
 
 PROBE = "__graphify_probe__"
-_EMPTY = cst.Module([])
 _IMPURE = (cst.Call, cst.NamedExpr, cst.Await, cst.Yield)  # reading the loss again must not run code
 
 
@@ -100,7 +99,7 @@ def _probed(result, loop: cst.CSTNode, owner: cst.CSTNode, index: int, text: str
 def _state_only(text: str) -> str:
     """The probe call without the loss or outputs it records: it compares parameters and state alone."""
     call = cst.parse_expression(text.split("\n")[0])
-    return _EMPTY.code_for_node(call.with_changes(args=[call.args[0].with_changes(value=cst.Name("None")), *call.args[1:]]))
+    return code_text(call.with_changes(args=[call.args[0].with_changes(value=cst.Name("None")), *call.args[1:]]))
 
 
 def instrument_given(source: str, path: str, rewritten: str, settings=None) -> Instrumented:
@@ -126,7 +125,7 @@ def instrument_given(source: str, path: str, rewritten: str, settings=None) -> I
         owner, index, text, records = probe
         loop = analysis.loop
         header = _header(loop.node)
-        anchor = _EMPTY.code_for_node(_block(owner)[index].with_changes(leading_lines=[])).strip()
+        anchor = code_text(_block(owner)[index].with_changes(leading_lines=[])).strip()
         target = next((n for n in descendants(given) if isinstance(n, (cst.For, cst.While)) and _header(n) == header), None)
         if owner is not loop.node and target is not None:  # the step runs under an `if` of the loop: the same `if` there
             target_owner = next((n for n in descendants(target) if isinstance(n, cst.If) and _header(n) == _header(owner)), None)
@@ -136,7 +135,7 @@ def instrument_given(source: str, path: str, rewritten: str, settings=None) -> I
             continue
         stmts = _block(target_owner)
         helpers = [name for name, _ in runtime_helper_assignments(Program().add(path, rewritten, given))]
-        after = [i for i, st in enumerate(stmts) if _EMPTY.code_for_node(st.with_changes(leading_lines=[])).strip() == anchor]
+        after = [i for i, st in enumerate(stmts) if code_text(st.with_changes(leading_lines=[])).strip() == anchor]
         after = after or [i for i, st in enumerate(stmts) if any(_calls(st, name) for name in helpers)]
         if not after:
             continue
@@ -176,7 +175,7 @@ def _context(analysis: LoopAnalysis) -> tuple[bool, bool]:
 
 
 def _header(loop: cst.For | cst.While) -> str:
-    return _EMPTY.code_for_node(loop.with_changes(leading_lines=[])).split("\n", 1)[0].strip()
+    return code_text(loop.with_changes(leading_lines=[])).split("\n", 1)[0].strip()
 
 
 def _probe(analysis: LoopAnalysis) -> tuple[cst.CSTNode, int, str, bool] | None:
@@ -310,7 +309,7 @@ def _loss_of(call: cst.Call) -> cst.BaseExpression | None:
 
 
 def _code(expr: cst.BaseExpression, attr: bool = False) -> str:
-    text = _EMPTY.code_for_node(expr)
+    text = code_text(expr)
     if attr and not isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)) and not getattr(expr, "lpar", None):
         return f"({text})"
     return text
