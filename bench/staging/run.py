@@ -76,10 +76,15 @@ WORKLOADS = {
 VARIANTS = ("eager", "written", "staged", "copy_stream")
 
 
-def _copy_stream(t, device, streams={}):
+_COPY_STREAMS: dict = {}
+
+
+def _copy_stream(t, device):
     """The copy on a stream of its own, the current stream waiting on it by an event and the CPU for the
     copy alone: the GPU may overlap it with the replay, at the cost of more host work per copy."""
-    stream = streams.setdefault(device, torch.cuda.Stream(device))
+    stream = _COPY_STREAMS.get(device)
+    if stream is None:
+        stream = _COPY_STREAMS[device] = torch.cuda.Stream(device)
     current = torch.cuda.current_stream(device)
     with torch.cuda.stream(stream):
         out = t.to(device, non_blocking=True)
