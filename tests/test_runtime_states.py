@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import math
 import warnings
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 from graphify.runtime import CapturedStep, GraphedModule, GraphifyFallbackWarning
 from graphify.runtime import captured_step as captured_step_module
 from graphify.runtime import graphed_module as graphed_module_module
+from graphify.runtime import states
 from graphify.runtime.captured_step import MAX_KEYS, CapturedGraph
 from graphify.runtime.common import TRIAL_BLOCK, TRIAL_BLOCKS, LoopTrial, leaves, tree_map
 from graphify.runtime.gradients import GradientWatch, GraphGradients
@@ -278,6 +280,7 @@ def test_a_loop_entered_again_checks_its_graph_at_its_next_replay(fresh, monkeyp
     """A replay runs recorded and compared at the 128th replay, and at the first one after the loop is
     entered again once 128 replays have run since such a check."""
     monkeypatch.setenv("GRAPHIFY_CAPTURE", "always")  # no trial: every call after the capture replays
+    monkeypatch.setattr(states, "MAX_CHECK_SHARE", math.inf)  # the CPU's fake replays cost nothing: no wait for time
     x = torch.ones(3)
     first = Traced(_double, fresh)
     calls, _ = run(first, 5 + RECHECK_FROM + 1, x)
@@ -583,3 +586,34 @@ def test_an_input_of_another_shape_dtype_or_device_runs_eagerly_between_replays(
     run(step, 5, x)
     assert run(step, 3, x)[0] == ["replay"] * 3
     assert run(step, 1, other)[0] == ["eager"] and run(step, 1, x)[0] == ["replay"]
+
+
+def periodic_checks(state: KeyState, replays: int, seconds_each: float, clock_now: list) -> list[int]:
+    """The replays, of `replays` more, that run recorded as periodic checks, each replay taking
+    `seconds_each` on the clock and each check costing what `state.check_cost` says."""
+    checked = []
+    for _ in range(replays):
+        clock_now[0] += seconds_each
+        check, _ = state.count_replay(recorded=True)
+        if check:
+            checked.append(state.replays)
+            state.start_check(False)
+            cost = state.check_cost
+            with state.recording():
+                clock_now[0] += cost
+    return checked
+
+
+def test_periodic_checks_double_and_wait_until_they_cost_a_small_share_of_the_run(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(states, "clock", lambda: now[0])
+    cheap = KeyState(graph=object())
+    assert periodic_checks(cheap, 1100, 0.01, now) == [128, 256, 512, 1024]  # a check costing nothing: as it was
+    dear = KeyState(graph=object(), check_cost=1.0)  # a check costs 1 s, a replay 10 ms: 100 replays each
+    checks = periodic_checks(dear, 21000, 0.01, now)
+    assert abs(checks[0] - 1 / states.MAX_CHECK_SHARE / 0.01) <= 2  # the loop ran 50 s (50 checks' cost) first
+    assert all(b >= 2 * a and (b - a) * 0.01 >= 1 / states.MAX_CHECK_SHARE for a, b in zip(checks, checks[1:]))
+    assert len(checks) >= 3
+    # a check on entering the loop again does not wait for time
+    dear.recheck = True  # many replays since the last check on entering
+    assert dear.count_replay(recorded=True) == (True, True)

@@ -233,7 +233,7 @@ class CapturedStep(Wrapper):
         GradScaler's step, reads.)"""
         state, entry = self.state, self.state.keys[key]
         counted = registrations()
-        with HostValues(state.optimizers) as record:
+        with entry.recording(), HostValues(state.optimizers) as record:
             result = self._eager(tensors, inputs, timed=timed, recorded=True)
         now = registrations()
         if state.registrations == counted == (now[0] - len(record.handles), now[1]):
@@ -366,7 +366,7 @@ class CapturedStep(Wrapper):
         (replays before may have used the old)."""
         state, entry = self.state, self.state.keys[key]
         stale = entry.start_check(entered)
-        with HostValues(state.optimizers) as record:
+        with entry.recording(), HostValues(state.optimizers) as record:
             result = self._eager(tensors, inputs)
         difference = first_difference(entry.host_values[1:], record.calls) if entry.host_values is not None else None
         moved = state.layout_moved()

@@ -209,7 +209,7 @@ class GraphedModule(Wrapper):
         """A RECORD call: records the host values the forward hands to the GPU and compares them with the
         last recorded call of this signature: a difference leaves the module eager for good."""
         entry = self.state.keys[signature]
-        with HostValues() as record:
+        with entry.recording(), HostValues() as record:
             outputs = self.module(*inputs, **constants)
         before = None if first else entry.host_values
         difference = first_difference(before, record.calls) if before is not None else None
@@ -225,7 +225,7 @@ class GraphedModule(Wrapper):
         have used the old value (none, at a re-entry)."""
         entry = self.state.keys[signature]
         stale = entry.start_check(entered)
-        with HostValues() as record:
+        with entry.recording(), HostValues() as record:
             outputs = self.module(*inputs, **constants)
         difference = first_difference(entry.host_values, record.calls) if entry.host_values is not None else None
         moved = self.state.layout_moved()

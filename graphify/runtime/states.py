@@ -37,8 +37,10 @@ registry, and checks each graph at its next replay.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import sys
+import time
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -46,6 +48,12 @@ from dataclasses import dataclass, field
 from graphify.runtime.common import GraphifyFallbackWarning, WarmupLoad, capture_forced
 from graphify.runtime.host_values import RECHECK_FROM
 from graphify.runtime.reach import layout, layout_change, registrations
+
+# A periodic check runs a replay eagerly under the recorder, which costs many replays on a short step: it
+# waits until the loop has run 1/MAX_CHECK_SHARE times that cost since the last check, so that checks take at
+# most that share of the run (a check on entering the loop again does not wait).
+MAX_CHECK_SHARE = 0.02
+clock = time.perf_counter
 
 
 class Phase(enum.Enum):
@@ -81,6 +89,8 @@ class KeyState:
     checked: int = 0  # the replay at which it was last run recorded and compared
     entry_checked: int = 0  # the replay at which it was last so checked on entering its loop again
     recheck: bool = False  # its loop was entered again: its next replay is checked, if RECHECK_FROM replays ran since
+    check_cost: float = 0.0  # host seconds its last recorded call took: what a check costs
+    checked_at: float | None = None  # clock() when its last check (or recorded call) ended, or its replays began
 
     def phase(self, warmup: int, recorded: bool) -> Phase:
         return Phase.CAPTURED if self.graph is not None else warmup_phase(self.eager_runs, warmup, recorded)
@@ -88,11 +98,28 @@ class KeyState:
     def count_replay(self, recorded) -> tuple[bool, bool]:
         """A replay starts: (whether it runs recorded instead, to check the host values: the first after
         the loop is entered again if RECHECK_FROM replays ran since the last such check, a recorded call
-        costing many replays, and the 128th, 256th, 512th, ...; whether it is the one after an entry)."""
+        costing many replays; and periodically, from the 128th replay on, each at twice the replays of the
+        last check (128th, 256th, 512th, ...) or later, once the loop has run long enough that checks take
+        at most MAX_CHECK_SHARE of it; whether it is the one after an entry)."""
         n = self.replays = self.replays + 1
+        now = clock()
+        if n == 1 or self.checked_at is None:
+            self.checked_at = now
         entered = self.recheck and n - self.entry_checked >= RECHECK_FROM
         self.recheck = False
-        return bool(recorded) and (entered or (n >= RECHECK_FROM and not n & (n - 1))), entered
+        due = n >= max(RECHECK_FROM, 2 * self.checked) and now - self.checked_at >= self.check_cost / MAX_CHECK_SHARE
+        return bool(recorded) and (entered or due), entered
+
+    @contextlib.contextmanager
+    def recording(self):
+        """A recorded call of this key (a RECORD call of its warmup, or a check): its host time is what the
+        next check is taken to cost."""
+        started = clock()
+        try:
+            yield
+        finally:
+            self.checked_at = clock()
+            self.check_cost = self.checked_at - started
 
     def start_check(self, entered: bool) -> int:
         """A replay run recorded and compared: how many replays ran since the last check, before this one."""
@@ -107,6 +134,7 @@ class KeyState:
         self.graph = None
         if not warm:
             self.eager_runs = self.replays = self.checked = self.entry_checked = 0
+            self.checked_at = None
 
 
 @dataclass(eq=False)
