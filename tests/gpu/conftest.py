@@ -68,3 +68,13 @@ def deterministic_cudnn():
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     yield
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
+
+
+@pytest.fixture
+def checks_by_count(monkeypatch):
+    """Periodic checks of replays on their count alone (the 128th, 256th, ... replay), not waiting until the
+    loop has run long enough for them to cost a small share (states.MAX_CHECK_SHARE): for tests that count
+    recorded calls or expect the 128th replay's check, on steps whose check costs many replays."""
+    from graphify.runtime import states
+
+    monkeypatch.setattr(states, "MAX_CHECK_SHARE", math.inf)

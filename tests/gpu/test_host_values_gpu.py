@@ -183,7 +183,7 @@ def test_a_value_moving_between_epochs_is_captured_again_when_the_loop_is_entere
     assert any(not torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(frozen, expected))
 
 
-def test_a_value_that_starts_moving_mid_loop_is_found_at_the_next_check_with_a_warning(always_capture):
+def test_a_value_that_starts_moving_mid_loop_is_found_at_the_next_check_with_a_warning(always_capture, checks_by_count):
     """One long loop, never entered again: a value set once at step 60, after the capture, is found at the
     128th replay; the step captures again with it and says that the replays before may have used the old one."""
     model = small_model()

@@ -44,7 +44,7 @@ def _train(wrap, epochs: int, steps: int, per_step: bool = False, momentum_from:
     return snapshot(model.parameters()), step, messages, calls.count(False)
 
 
-def test_a_per_epoch_schedule_of_sgd_is_captured_again_each_epoch_without_a_new_warmup(always_capture):
+def test_a_per_epoch_schedule_of_sgd_is_captured_again_each_epoch_without_a_new_warmup(always_capture, checks_by_count):
     """More epochs than MAX_KEYS, each long enough to pay for its capture: every epoch captures again with
     its learning rate (no warning, no eager call after the first warmup) and trains as eager."""
     epochs, steps = MAX_KEYS + 4, FEW_REPLAYS + 8
