@@ -215,3 +215,39 @@ def test_the_time_split_table_sets_each_scripts_original_beside_its_rewrite():
     assert row == (
         "| demo | launch-bound | 4.00 s: data 25% copies 25% step 50% (pageable 25%) | 2.00 s: data 50% step 50% | 2.00× | 2.00× | 1.18× |"
     )
+
+
+def test_the_long_run_table_gives_the_median_and_names_runs_slower_beyond_their_spread():
+    sys.path.insert(0, str(REAL))
+    from run_report import long_run_table
+
+    def record(name, eager, graphed):
+        runs = {"eager": {"ok": True, "seconds": eager[0], "runs": eager}, "graphify": {"ok": True, "seconds": graphed[0], "runs": graphed}}
+        return {"id": name, "long": {"data": [{"make": "mnist", "at": "d", "train": 60000}]}, "whole_run": runs}
+
+    faster, noisy, slower = (
+        record("a", [30.0, 31.0], [20.0, 21.0]),
+        record("b", [10.0, 12.0], [11.0, 11.5]),
+        record("c", [10.0, 10.2], [12.0, 12.4]),
+    )
+    failed = {"id": "d", "long": {"args": ["--epochs", "1"]}, "whole_run": {"eager": {"ok": False, "why": "over 180 s"}, "graphify": {}}}
+    lines = long_run_table([faster, noisy, slower, failed])
+    assert lines[2] == "| a | train 60000 | 30.0/31.0 | 20.0/21.0 | 1.50× |  |"
+    assert lines[3].endswith("| 0.91× | within the spread |")
+    assert lines[5] == "| d | --epochs 1 | | | — | eager: over 180 s; graphify: ok |"
+    assert lines[-1] == "median whole run 0.91× over 3 scripts (0.83× to 1.50×); slower than eager beyond the spread: c"
+
+
+def test_data_made_from_another_spec_is_made_again(tmp_path, monkeypatch):
+    sys.path.insert(0, str(REAL))
+    import run
+
+    monkeypatch.setattr(run, "WORK", tmp_path)
+    images = tmp_path / "demo" / "d" / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    short = {"id": "demo", "data": [{"make": "mnist", "at": "d", "train": 100, "test": 10}]}
+    run._make_data(short)
+    assert images.stat().st_size == 16 + 100 * 28 * 28
+    run._make_data(short, [{"make": "mnist", "at": "d", "train": 300, "test": 10}])
+    assert images.stat().st_size == 16 + 300 * 28 * 28
+    run._make_data(short)
+    assert images.stat().st_size == 16 + 100 * 28 * 28

@@ -4,6 +4,8 @@
     python bench/real/run.py run [--only ID ...] [--json FILE] [--repeat N]   # GPU machine: data, verify, timing
                                                   # (--only replaces those records of FILE, keeps the rest)
     python bench/real/run.py report --json FILE [--out FILE]     # the table (bench/results/real_run.md)
+    python bench/real/run.py long [--only ID ...] [--json FILE] [--repeat N]  # GPU machine: whole runs at length
+    python bench/real/run.py long-report [--json FILE]              # their table
 
 `prepare` needs the git mirrors (bench/real/restore.py); it writes bench/real/work/<id>/ (git-ignored),
 which travels to the GPU machine. `run` makes the synthetic data (runs.toml, synth.py) and, per
@@ -12,6 +14,10 @@ loop: a refusal is true when the label says the loop cannot be captured whole), 
 the first rewritten loop (teacher-forced, step speedup), and the whole run of the original and of the
 rewrite to the end with the same arguments, N times each, alternating (median wall time and every
 time, and whether the rewrite fell back to eager).
+
+`long` times whole runs only, at the length a run's `long` names (runs.toml): the synthetic data is small
+so that `run` takes seconds a script, and then the few seconds of start-up (importing torch, starting
+CUDA, reading the data) are most of a run; a real training run is thousands of steps, where they are not.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 from restore import _git, _git_dir, load_manifest, restore_one  # noqa: E402
 
 WHOLE_RUN_TIMEOUT = 90
+LONG_RUN_TIMEOUT = 180
 VERIFY_TIMEOUT = 240
 FALLBACK = "GraphifyFallbackWarning"  # the runtime's one warning when a step runs eagerly
 
@@ -126,11 +133,23 @@ def generators() -> dict:
     return {**GENERATORS, **extra.GENERATORS}
 
 
-def _make_data(run: dict) -> None:
+def _make_data(run: dict, data: list[dict] | None = None) -> None:
+    """The run's synthetic data (`data`, or the given specs: a long run's). The generators skip a place
+    already made, so a place last made from another spec (a long run's larger set) is removed first: the
+    specs made last are kept beside the run's work folder."""
     made = generators()
-    for spec in run.get("data", []):
+    record = WORK / run["id"] / ".synth-specs.json"
+    before = json.loads(record.read_text()) if record.exists() else {}
+    for spec in run.get("data", []) if data is None else data:
         options = {k: v for k, v in spec.items() if k not in ("make", "at")}
-        made[spec["make"]](WORK / run["id"] / spec["at"], **options)  # an absolute `at` is that path
+        place = WORK / run["id"] / spec["at"]  # an absolute `at` is that path
+        if before.get(str(place), spec) != spec and place.is_dir():
+            shutil.rmtree(place)
+        elif before.get(str(place), spec) != spec:
+            place.unlink(missing_ok=True)
+        made[spec["make"]](place, **options)
+        before[str(place)] = spec
+        record.write_text(json.dumps(before, indent=1))
 
 
 def loop_outcomes(script_id: str, script: Path) -> tuple[list[dict], str | None]:
@@ -202,7 +221,7 @@ def _verify(script: Path, run: dict) -> dict:
     }
 
 
-def _whole_run(script: Path, run: dict) -> dict:
+def _whole_run(script: Path, run: dict, timeout: int = WHOLE_RUN_TIMEOUT) -> dict:
     started = time.perf_counter()
     try:
         done = subprocess.run(
@@ -211,10 +230,10 @@ def _whole_run(script: Path, run: dict) -> dict:
             text=True,
             env=_environment(run),
             cwd=script.parent,
-            timeout=WHOLE_RUN_TIMEOUT,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
-        return {"ok": False, "why": f"over {WHOLE_RUN_TIMEOUT} s"}
+        return {"ok": False, "why": f"over {timeout} s"}
     seconds = time.perf_counter() - started
     if done.returncode:
         return {"ok": False, "why": (done.stderr.strip().splitlines() or ["exit %d" % done.returncode])[-1][:200]}
@@ -276,7 +295,7 @@ def run_one(entry: dict, run: dict, repeat: int = 3) -> dict:
     return record
 
 
-def _whole_runs(script: Path, graphified: Path, run: dict, repeat: int) -> dict:
+def _whole_runs(script: Path, graphified: Path, run: dict, repeat: int, timeout: int = WHOLE_RUN_TIMEOUT) -> dict:
     """Each version `repeat` times, alternating (eager first), so that drift of the machine hits both
     alike; the median, and every time, to tell a difference from run-to-run spread. A failed run ends
     the timing: it is what that version reports; the other reports the runs it finished, if any."""
@@ -284,7 +303,7 @@ def _whole_runs(script: Path, graphified: Path, run: dict, repeat: int) -> dict:
     failed: dict[str, dict] = {}
     for _ in range(repeat):
         for name, path in (("eager", script), ("graphify", graphified)):
-            done = _whole_run(path, run)
+            done = _whole_run(path, run, timeout)
             if not done["ok"]:
                 failed[name] = done
                 break
@@ -330,6 +349,38 @@ def run_all(only: list[str] | None, out: Path, repeat: int = 3) -> int:
     return 0
 
 
+def long_all(only: list[str] | None, out: Path, repeat: int) -> int:
+    """Whole runs, original and rewrite alternating, at each run's `long` length: its data specs and
+    arguments (`data` and `args` where `long` names none). A run without `long` is not timed."""
+    manifest = {e["id"]: e for e in load_manifest()}
+    runs, _ = load_runs()
+    earlier = json.loads(out.read_text()) if only and out.exists() else None
+    records = [r for r in earlier["records"] if r["id"] not in only] if earlier else []
+    device = _device()
+    for run in runs:
+        if "long" not in run or (only and run["id"] not in only):
+            continue
+        long_run = dict(run, args=run["long"].get("args", run.get("args", [])))
+        record = {"id": run["id"], "long": run["long"], "whole_run": _long_run(manifest[run["id"]], long_run, repeat)}
+        print(json.dumps(record), flush=True)
+        records.append(record)
+        _save(out, records, earlier["device"] if earlier else device)
+    return 0
+
+
+def _long_run(entry: dict, run: dict, repeat: int) -> dict:
+    script = script_path(entry)
+    if not script.exists():
+        return {"skipped": "not prepared (python bench/real/run.py prepare)"}
+    _, rewritten = loop_outcomes(entry["id"], script)
+    if rewritten is None:
+        return {"skipped": "no loop rewritten"}
+    _make_data(run, run["long"].get("data"))
+    graphified = script.with_name(script.stem + "_graphified.py")
+    graphified.write_text(rewritten)
+    return _whole_runs(script, graphified, run, repeat, LONG_RUN_TIMEOUT)
+
+
 def _save(out: Path, records: list[dict], device: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"records": records, "device": device}, indent=1))
@@ -358,6 +409,12 @@ def main(argv: list[str] | None = None) -> int:
     p_report = sub.add_parser("report")
     p_report.add_argument("--json", type=Path, default=ROOT / "bench/results/real_run.json")
     p_report.add_argument("--out", type=Path, default=ROOT / "bench/results/real_run.md")
+    p_long = sub.add_parser("long", help="whole runs at each run's `long` length, original and rewrite alternating")
+    p_long.add_argument("--only", nargs="*")
+    p_long.add_argument("--json", type=Path, default=ROOT / "bench/results/real_run_long.json")
+    p_long.add_argument("--repeat", type=int, default=2)
+    p_long_report = sub.add_parser("long-report", help="the table of the long whole runs")
+    p_long_report.add_argument("--json", type=Path, default=ROOT / "bench/results/real_run_long.json")
     p_split = sub.add_parser("time-split", help="the time split of each verified script, original against rewrite")
     p_split.add_argument("--json", type=Path, default=ROOT / "bench/results/real_run.json")
     args = parser.parse_args(argv)
@@ -365,7 +422,13 @@ def main(argv: list[str] | None = None) -> int:
         return prepare(args.mirrors, args.only)
     if args.command == "run":
         return run_all(args.only, args.json, args.repeat)
-    from run_report import time_split_table, write_report
+    if args.command == "long":
+        return long_all(args.only, args.json, args.repeat)
+    from run_report import long_run_table, time_split_table, write_report
+
+    if args.command == "long-report":
+        print("\n".join(long_run_table(json.loads(args.json.read_text())["records"])))
+        return 0
 
     if args.command == "time-split":
         print("\n".join(time_split_table(json.loads(args.json.read_text())["records"])))

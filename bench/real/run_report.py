@@ -143,6 +143,40 @@ def time_split_table(records: list[dict]) -> list[str]:
     return lines
 
 
+def long_run_table(records: list[dict]) -> list[str]:
+    """Whole runs at length, original against rewrite: every time, the medians' ratio, whether the two
+    overlap; then the median ratio and the runs slower than eager beyond their spread."""
+    lines = ["| script | data, arguments | eager, s | graphify, s | whole run | |", "| --- | --- | ---: | ---: | ---: | --- |"]
+    ratios, slower = [], []
+    for record in records:
+        whole = record["whole_run"]
+        eager, graphed = whole.get("eager", {}), whole.get("graphify", {})
+        length = _length(record["long"])
+        if not (eager.get("ok") and graphed.get("ok")):
+            why = whole.get("skipped") or f"eager: {eager.get('why') or 'ok'}; graphify: {graphed.get('why') or 'ok'}"
+            lines.append(f"| {record['id']} | {length} | | | — | {why} |")
+            continue
+        ratio = eager["seconds"] / graphed["seconds"]
+        ratios.append(ratio)
+        spread = _within_spread(whole)
+        if ratio < 1 and not spread:
+            slower.append(record["id"])
+        note = ", ".join(filter(None, ["within the spread" if spread else "", "fell back to eager" if graphed.get("fell_back") else ""]))
+        lines.append(f"| {record['id']} | {length} | {_runs(eager)} | {_runs(graphed)} | {ratio:.2f}× | {note} |")
+    if ratios:
+        lines += [
+            "",
+            f"median whole run {statistics.median(ratios):.2f}× over {len(ratios)} scripts ({min(ratios):.2f}× to {max(ratios):.2f}×); "
+            f"slower than eager beyond the spread: {', '.join(slower) or 'none'}",
+        ]
+    return lines
+
+
+def _length(spec: dict) -> str:
+    data = "; ".join(", ".join(f"{k} {v}" for k, v in d.items() if k not in ("make", "at")) or d["make"] for d in spec.get("data", []))
+    return " ".join(filter(None, [data, " ".join(spec.get("args", []))])) or "as `run`"
+
+
 def summary(records: list[dict], static: dict[str, list[dict]]) -> list[str]:
     loops = [lp for found in static.values() for lp in found]
     train = [lp for lp in loops if lp["kind"] == "train"]
