@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from graphify.runtime import CapturedStep, GraphedModule, copy_outputs
-from graphify.runtime.common import split, tree_map
+from graphify.runtime.common import input_fit, split, tree_map
 from graphify.runtime.reach import inner_optimizers, referenced, why_not_capturable
 
 Pair = collections.namedtuple("Pair", "x y")
@@ -56,6 +56,34 @@ def test_split_separates_tensors_from_host_values():
 
     one, other = np.float32(0.25), np.float32(0.25)
     assert one is not other and split((one,))[1] == split((other,))[1] == (0.25,)
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass, as a library might hand in."""
+
+
+@pytest.mark.parametrize(
+    ("make", "fits"),
+    [
+        (lambda x, y: [x.clone(), y.clone()], True),
+        (lambda x, y: [x.t().contiguous().t(), y], True),  # another stride: the plain comparison
+        (lambda x, y: [x.clone().requires_grad_(), y], True),
+        (lambda x, y: [x.as_subclass(_Marked), y], True),
+        (lambda x, y: [x[:4], y[:4]], False),
+        (lambda x, y: [x.double(), y], False),
+        (lambda x, y: [x], False),
+        (lambda x, y: [x, y, y], False),
+        (lambda x, y: [x.to("meta"), y], False),
+    ],
+)
+def test_an_input_fits_the_static_buffers_by_shape_dtype_and_device_alone(make, fits):
+    x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    assert input_fit([x, y])(make(x, y)) is fits
+
+
+def test_static_buffers_of_a_subclass_are_fitted_by_the_plain_comparison():
+    statics = [torch.randn(8, 6).as_subclass(_Marked)]
+    assert input_fit(statics)([torch.randn(8, 6)]) and not input_fit(statics)([torch.randn(4, 6)])
 
 
 def test_an_object_input_keys_by_identity_and_its_id_is_not_reused_while_keyed():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -14,20 +15,20 @@ from graphify.runtime.common import (
     Fetched,
     Identity,
     LoopTrial,
+    TENSOR_TYPE,
     Timing,
     capture_failure,
     capture_forced,
     changed_in_place,
     collection_paused,
     copy_outputs,
-    fits,
+    input_fit,
     leaves,
     requires_grad,
     restore_host_state,
     save_host_state,
     side_stream,
     split,
-    tensor_signature,
     is_training,
     trial_event,
     tree_map,
@@ -58,10 +59,10 @@ class CapturedGraph:
     gradients: GraphGradients  # what each replay starts `.grad` from
     changed: tuple  # indexes of the inputs the step changes in place: copied back after each replay
     modes_set: list  # (module, training) the step's own mode calls set: set again after each replay
-    signature: list = field(init=False)  # the statics' shapes, dtypes and devices: what an input must have to fit
+    fits: Callable = field(init=False)  # whether inputs have the statics' shapes, dtypes and devices (input_fit)
 
     def __post_init__(self):
-        self.signature = list(map(tensor_signature, self.statics))
+        self.fits = input_fit(self.statics)
 
 
 @dataclass(eq=False)
@@ -143,13 +144,12 @@ class CapturedStep(Wrapper):
         return f"`{getattr(self.step, '__qualname__', 'step')}`"
 
     def __call__(self, *inputs, key=()):
-        if Fetched in map(type, inputs):  # made by `fetch` alone
-            if not self._fetch_ahead():
+        if all(map(isinstance, inputs, TENSOR_TYPE)) and self.device is None:  # the usual call: tensors alone
+            tensors, host = list(inputs), ()
+        else:
+            tensors, host, inputs = self._inputs(inputs)
+            if tensors is None:
                 return self._fetch_in_order(inputs)
-            inputs = tuple(x.fetch_all() if isinstance(x, Fetched) else x for x in inputs)
-        if self.device is not None and self.device.type == "cuda":
-            inputs = tree_map(lambda t: t.to(self.device, non_blocking=True), inputs)
-        tensors, host = split(inputs)
         if not self._on_cuda(tensors):
             return self.step(*inputs)  # the step as written
         handed = self._admit(host)
@@ -159,6 +159,17 @@ class CapturedStep(Wrapper):
         if result is _CAPTURE_AGAIN:  # its graphs were dropped: this call warms up or captures
             result = self._run(key, host, handed, tensors, inputs)
         return result
+
+    def _inputs(self, inputs: tuple) -> tuple:
+        """(tensors, host values, inputs) of a call with other inputs than tensors, or moved to `device`;
+        tensors None when batches made by `fetch` must come in order (the step runs as written)."""
+        if Fetched in map(type, inputs):  # made by `fetch` alone
+            if not self._fetch_ahead():
+                return None, (), inputs
+            inputs = tuple(x.fetch_all() if isinstance(x, Fetched) else x for x in inputs)
+        if self.device is not None and self.device.type == "cuda":
+            inputs = tree_map(lambda t: t.to(self.device, non_blocking=True), inputs)
+        return (*split(inputs), inputs)
 
     def _run(self, key, host, handed, tensors, inputs):
         """This call, in the phase of its key."""
@@ -331,7 +342,7 @@ class CapturedStep(Wrapper):
         if (moved := moved_settings(state.group_counts, state.frozen)) is not None:  # SGD's LR moved by a per-epoch scheduler
             self._forget_graphs(warm=moved == "lr" and not state.ddps)
             return _CAPTURE_AGAIN
-        if not fits(captured.signature, tensors):
+        if not captured.fits(tensors):
             return self._eager(tensors, inputs)
         if state.trial is not None and self._trial_turn("a step") == "eager":
             return self._eager(tensors, inputs)

@@ -323,13 +323,13 @@ def leaves(value) -> list:
     return out
 
 
-_TENSOR_TYPE = itertools.repeat(torch.Tensor)  # isinstance's second argument, for map: an endless one
+TENSOR_TYPE = itertools.repeat(torch.Tensor)  # isinstance's second argument, for map: an endless one
 
 
 def split(value) -> tuple[list, tuple]:
     """The tensors of a value, and everything else in it (numbers, flags, strings; other objects by
     identity): a capture is valid only for the host values it was captured with."""
-    if type(value) is tuple and all(map(isinstance, value, _TENSOR_TYPE)):  # the usual call: tensors alone
+    if type(value) is tuple and all(map(isinstance, value, TENSOR_TYPE)):  # the usual call: tensors alone
         return list(value), ()
     tensors: list = []
     host: list = []
@@ -489,10 +489,31 @@ def _device_offsets() -> tuple:
     return tuple(g.get_offset() for g in torch.cuda.default_generators)
 
 
-def fits(signature: list, new) -> bool:
-    """Same shapes, dtypes and devices as the static buffers (`tensor_signature` of each, in `signature`):
-    the new inputs can be copied into them."""
-    return list(map(tensor_signature, new)) == signature
+def input_fit(statics: list):
+    """Whether new inputs can be copied into the static buffers, as a function of the inputs: the same
+    shapes, dtypes and devices (`tensor_signature` of each). Asked before every replay, so the usual answer
+    comes from PyTorch's compiled tensor guards where this build has them (torch._C._dynamo.guards): the
+    same sizes, strides, dtype, device and dispatch keys as the buffers, which implies a fit, checked in
+    C++. Any other input (strided otherwise, requiring grad, a subclass) gets the plain comparison."""
+    signature = list(map(tensor_signature, statics))
+    exact, count = _compiled_guard(statics), len(statics)
+
+    def fits(new: list) -> bool:
+        return (exact is not None and len(new) == count and exact(*new)) or list(map(tensor_signature, new)) == signature
+
+    return fits
+
+
+def _compiled_guard(statics: list):
+    """The `check` of a compiled guard of plain tensors like `statics`, or None where this build has none."""
+    if not statics or any(type(t) is not torch.Tensor for t in statics):
+        return None
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        return TensorGuards(*statics, dynamic_dims_sizes=None, dynamic_dims_strides=None).check
+    except (ImportError, AttributeError, TypeError, RuntimeError):  # a build without it, or another signature
+        return None
 
 
 def versions(tensors) -> list:

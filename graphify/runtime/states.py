@@ -102,12 +102,12 @@ class KeyState:
         last check (128th, 256th, 512th, ...) or later, once the loop has run long enough that checks take
         at most MAX_CHECK_SHARE of it; whether it is the one after an entry)."""
         n = self.replays = self.replays + 1
-        now = clock()
         if n == 1 or self.checked_at is None:
-            self.checked_at = now
+            self.checked_at = clock()
         entered = self.recheck and n - self.entry_checked >= RECHECK_FROM
         self.recheck = False
-        due = n >= max(RECHECK_FROM, 2 * self.checked) and now - self.checked_at >= self.check_cost / MAX_CHECK_SHARE
+        # the clock is read only once the count allows a check: it runs before every replay
+        due = n >= max(RECHECK_FROM, 2 * self.checked) and clock() - self.checked_at >= self.check_cost / MAX_CHECK_SHARE
         return bool(recorded) and (entered or due), entered
 
     @contextlib.contextmanager
