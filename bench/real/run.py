@@ -327,26 +327,32 @@ def _timed(runs: list[dict]) -> dict:
 def run_all(only: list[str] | None, out: Path, repeat: int = 3) -> int:
     manifest = {e["id"]: e for e in load_manifest()}
     runs, not_run = load_runs()
-    # `--only` updates those scripts' records and keeps the others of an earlier run, and its device
-    earlier = json.loads(out.read_text()) if only and out.exists() else None
-    records = [r for r in earlier["records"] if r["id"] not in only] if earlier else []
-    device = _device()
+    records, device = _kept(out, only)
     for run in runs:
         if only and run["id"] not in only:
             continue
         started = time.perf_counter()
         record = run_one(manifest[run["id"]], run, repeat)
         record["seconds"] = round(time.perf_counter() - started, 1)
-        record["device"] = device
+        record["device"] = _device()  # this machine's: a record kept from the earlier run keeps its own
         print(json.dumps(record), flush=True)
         records.append(record)
-        _save(out, records, earlier["device"] if earlier else device)
+        _save(out, records, device)
     for script_id, why in not_run.items():
         if not only:
             entry = manifest[script_id]
             records.append({"id": script_id, "repo": entry["repo"], "path": entry["path"], "skipped": why})
-    _save(out, records, earlier["device"] if earlier else device)
+    _save(out, records, device)
     return 0
+
+
+def _kept(out: Path, only: list[str] | None) -> tuple[list[dict], str]:
+    """`--only` updates those scripts' records: the other records of an earlier run in `out`, and its
+    device; none, and this machine's device, otherwise."""
+    earlier = json.loads(out.read_text()) if only and out.exists() else None
+    if earlier is None:
+        return [], _device()
+    return [r for r in earlier["records"] if r["id"] not in only], earlier["device"]
 
 
 def long_all(only: list[str] | None, out: Path, repeat: int) -> int:
@@ -354,9 +360,7 @@ def long_all(only: list[str] | None, out: Path, repeat: int) -> int:
     arguments (`data` and `args` where `long` names none). A run without `long` is not timed."""
     manifest = {e["id"]: e for e in load_manifest()}
     runs, _ = load_runs()
-    earlier = json.loads(out.read_text()) if only and out.exists() else None
-    records = [r for r in earlier["records"] if r["id"] not in only] if earlier else []
-    device = _device()
+    records, device = _kept(out, only)
     for run in runs:
         if "long" not in run or (only and run["id"] not in only):
             continue
@@ -364,7 +368,7 @@ def long_all(only: list[str] | None, out: Path, repeat: int) -> int:
         record = {"id": run["id"], "long": run["long"], "whole_run": _long_run(manifest[run["id"]], long_run, repeat)}
         print(json.dumps(record), flush=True)
         records.append(record)
-        _save(out, records, earlier["device"] if earlier else device)
+        _save(out, records, device)
     return 0
 
 
