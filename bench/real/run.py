@@ -143,9 +143,10 @@ def _make_data(run: dict, data: list[dict] | None = None) -> None:
     for spec in run.get("data", []) if data is None else data:
         options = {k: v for k, v in spec.items() if k not in ("make", "at")}
         place = WORK / run["id"] / spec["at"]  # an absolute `at` is that path
-        if before.get(str(place), spec) != spec and place.is_dir():
+        stale = before.get(str(place), spec) != spec
+        if stale and place.is_dir():
             shutil.rmtree(place)
-        elif before.get(str(place), spec) != spec:
+        elif stale:
             place.unlink(missing_ok=True)
         made[spec["make"]](place, **options)
         before[str(place)] = spec
